@@ -36,8 +36,8 @@ class FieldReader {
       return nullptr;
     }
     if (!it->is_object()) {
-      add(ErrorCode::kWrongType, key, "has type " + std::string(it->type_name()) +
-                                          ", expected an object");
+      add(ErrorCode::kWrongType, key,
+          "has type " + std::string(it->type_name()) + ", expected an object");
       return nullptr;
     }
     return &*it;
@@ -60,7 +60,8 @@ class FieldReader {
   bool read(std::string_view key, T& out, bool required) {
     auto it = obj_.find(std::string(key));
     if (it == obj_.end() || it->is_null()) {
-      if (required) add(ErrorCode::kMissingField, key, "is missing (expected " + expected<T>() + ")");
+      if (required)
+        add(ErrorCode::kMissingField, key, "is missing (expected " + expected<T>() + ")");
       return false;
     }
     if (!type_ok<T>(*it)) {
@@ -73,22 +74,32 @@ class FieldReader {
   }
   template <typename T>
   static bool type_ok(const json& v) {
-    if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
-    else if constexpr (std::is_integral_v<T>) return v.is_number_integer();
-    else if constexpr (std::is_floating_point_v<T>) return v.is_number();
-    else if constexpr (std::is_same_v<T, std::string>) return v.is_string();
+    if constexpr (std::is_same_v<T, bool>)
+      return v.is_boolean();
+    else if constexpr (std::is_integral_v<T>)
+      return v.is_number_integer();
+    else if constexpr (std::is_floating_point_v<T>)
+      return v.is_number();
+    else if constexpr (std::is_same_v<T, std::string>)
+      return v.is_string();
     else if constexpr (std::is_same_v<T, std::vector<int>>) {
       if (!v.is_array()) return false;
       return std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
-    } else return false;
+    } else
+      return false;
   }
   template <typename T>
   static std::string expected() {
-    if constexpr (std::is_same_v<T, bool>) return "a boolean";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else if constexpr (std::is_same_v<T, std::string>) return "a string";
-    else return "an array of integers";
+    if constexpr (std::is_same_v<T, bool>)
+      return "a boolean";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else if constexpr (std::is_same_v<T, std::string>)
+      return "a string";
+    else
+      return "an array of integers";
   }
 
   const json& obj_;
@@ -97,12 +108,18 @@ class FieldReader {
   ErrorCode first_code_ = ErrorCode::kOk;
 };
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
-std::string_view attn_kind_name(AttnKind k) { return k == AttnKind::kKda ? "kda" : "mla"; }
-std::string_view ffn_kind_name(FfnKind k) { return k == FfnKind::kDense ? "dense" : "moe"; }
+std::string_view attn_kind_name(AttnKind k) {
+  return k == AttnKind::kKda ? "kda" : "mla";
+}
+std::string_view ffn_kind_name(FfnKind k) {
+  return k == FfnKind::kDense ? "dense" : "moe";
+}
 
 int LayerSchedule::num_reads() const {
   if (!has_attnres() || layers.empty()) return 0;
@@ -143,9 +160,9 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
                   source + ": config is not well-formed JSON: " + std::string(e.what()));
   }
   if (!root.is_object()) {
-    return Status(ErrorCode::kWrongType,
-                  source + ": config root has type " + std::string(root.type_name()) +
-                      ", expected an object");
+    return Status(ErrorCode::kWrongType, source + ": config root has type " +
+                                             std::string(root.type_name()) +
+                                             ", expected an object");
   }
   const json* text = &root;
   std::string prefix;
@@ -210,11 +227,13 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
       c.hidden_act = Activation::kSitu;
       double b = 0, bl = 0;
       if (r.required("activation_situ_beta", b)) c.situ_beta = static_cast<float>(b);
-      if (r.required("activation_situ_linear_beta", bl)) c.situ_linear_beta = static_cast<float>(bl);
+      if (r.required("activation_situ_linear_beta", bl))
+        c.situ_linear_beta = static_cast<float>(bl);
     } else if (act == "silu") {
       c.hidden_act = Activation::kSilu;
     } else {
-      r.add(ErrorCode::kUnsupported, "hidden_act", "is \"" + act + "\", expected \"situ\" or \"silu\"");
+      r.add(ErrorCode::kUnsupported, "hidden_act",
+            "is \"" + act + "\", expected \"situ\" or \"silu\"");
     }
   }
 
@@ -250,9 +269,9 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     r.merge(l);
   }
 
-  if (const json* qc = text->contains("quantization_config") ? &(*text)["quantization_config"]
+  if (const json* qc = text->contains("quantization_config")  ? &(*text)["quantization_config"]
                        : root.contains("quantization_config") ? &root["quantization_config"]
-                                                             : nullptr;
+                                                              : nullptr;
       qc != nullptr && !qc->is_null()) {
     if (!qc->is_object()) {
       r.add(ErrorCode::kWrongType, "quantization_config", "is not an object");
@@ -287,12 +306,12 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     positive("linear_attn_config.num_heads", c.linear.num_heads);
     positive("linear_attn_config.head_dim", c.linear.head_dim);
     positive("linear_attn_config.short_conv_kernel_size", c.linear.short_conv_kernel_size);
-    if (c.qk_nope_head_dim < 0 || c.qk_rope_head_dim < 0 || c.qk_nope_head_dim + c.qk_rope_head_dim <= 0)
+    if (c.qk_nope_head_dim < 0 || c.qk_rope_head_dim < 0 ||
+        c.qk_nope_head_dim + c.qk_rope_head_dim <= 0)
       r.add(ErrorCode::kInvalidValue, "qk_nope_head_dim",
             "plus qk_rope_head_dim must be > 0 (got " + std::to_string(c.qk_nope_head_dim) + " + " +
                 std::to_string(c.qk_rope_head_dim) + ")");
-    if (!(c.rms_norm_eps > 0))
-      r.add(ErrorCode::kInvalidValue, "rms_norm_eps", "must be > 0");
+    if (!(c.rms_norm_eps > 0)) r.add(ErrorCode::kInvalidValue, "rms_norm_eps", "must be > 0");
     if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > c.num_hidden_layers)
       r.add(ErrorCode::kInvalidValue, "first_k_dense_replace",
             "is " + std::to_string(c.first_k_dense_replace) + ", expected 0.." +
@@ -348,18 +367,18 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     mark(c.linear.kda_layers, 2, "kda_layers");
     std::string missing;
     for (int v = 1; v <= L; ++v)
-      if (owner[static_cast<size_t>(v)] == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(v);
+      if (owner[static_cast<size_t>(v)] == 0)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(v);
     if (!missing.empty())
       r.add(ErrorCode::kInconsistent, "linear_attn_config",
-            "leaves layers " + missing +
-                " (1-based) in neither full_attn_layers nor kda_layers");
+            "leaves layers " + missing + " (1-based) in neither full_attn_layers nor kda_layers");
     if (r.errors().empty()) {
       c.schedule = attnres_schedule(L, c.attn_res_block_size.value_or(0));
       for (int i = 0; i < L; ++i) {
         LayerInfo& li = c.schedule.layers[static_cast<size_t>(i)];
         li.attention = owner[static_cast<size_t>(i) + 1] == 1 ? AttnKind::kMla : AttnKind::kKda;
         li.ffn = (i >= c.first_k_dense_replace && i % c.moe_layer_freq == 0) ? FfnKind::kMoe
-                                                                              : FfnKind::kDense;
+                                                                             : FfnKind::kDense;
         (li.attention == AttnKind::kMla ? c.schedule.num_mla : c.schedule.num_kda)++;
         (li.ffn == FfnKind::kMoe ? c.schedule.num_moe : c.schedule.num_dense)++;
       }

@@ -41,10 +41,10 @@ struct LayerInfo {
 // attn_res_block_size) block_size == 0, bank_slots == 0 and no layer commits.
 struct LayerSchedule {
   std::vector<LayerInfo> layers;
-  int block_size = 0;     // B, counted in decoder layers
-  int bank_slots = 0;     // ceil(layers / B)
-  int final_sources = 0;  // bank_slots + 1 (the final mixture), 0 without AttnRes
-  int max_sources = 0;    // over every read, final included
+  int block_size = 0;              // B, counted in decoder layers
+  int bank_slots = 0;              // ceil(layers / B)
+  int final_sources = 0;           // bank_slots + 1 (the final mixture), 0 without AttnRes
+  int max_sources = 0;             // over every read, final included
   std::vector<int> commit_layers;  // commit_layers[k] = layer that commits slot k (= k * B)
   int num_mla = 0, num_kda = 0, num_dense = 0, num_moe = 0;
 

@@ -15,7 +15,9 @@ struct bf16 {
 };
 static_assert(sizeof(bf16) == 2);
 
-inline float bf16_to_f32(bf16 v) { return std::bit_cast<float>(uint32_t{v.bits} << 16); }
+inline float bf16_to_f32(bf16 v) {
+  return std::bit_cast<float>(uint32_t{v.bits} << 16);
+}
 
 // Round to nearest even, as torch's float->bfloat16 cast. NaN stays NaN (quiet).
 inline bf16 f32_to_bf16(float f) {
@@ -26,7 +28,9 @@ inline bf16 f32_to_bf16(float f) {
 }
 
 // f32 value rounded to the nearest bf16 value (kept in an f32).
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 // OCP fp8 e4m3fn: bias 7, no infinities, 0x7f/0xff = NaN, max finite 448.
 float fp8_e4m3_to_f32(uint8_t v);

@@ -11,11 +11,11 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF64, "F64", 8},         {DType::kF32, "F32", 4},         {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2},       {DType::kF8E4M3, "F8_E4M3", 1},  {DType::kF8E5M2, "F8_E5M2", 1},
-    {DType::kI64, "I64", 8},         {DType::kI32, "I32", 4},         {DType::kI16, "I16", 2},
-    {DType::kI8, "I8", 1},           {DType::kU64, "U64", 8},         {DType::kU32, "U32", 4},
-    {DType::kU16, "U16", 2},         {DType::kU8, "U8", 1},           {DType::kBool, "BOOL", 1},
+    {DType::kF64, "F64", 8},   {DType::kF32, "F32", 4},        {DType::kF16, "F16", 2},
+    {DType::kBF16, "BF16", 2}, {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1},
+    {DType::kI64, "I64", 8},   {DType::kI32, "I32", 4},        {DType::kI16, "I16", 2},
+    {DType::kI8, "I8", 1},     {DType::kU64, "U64", 8},        {DType::kU32, "U32", 4},
+    {DType::kU16, "U16", 2},   {DType::kU8, "U8", 1},          {DType::kBool, "BOOL", 1},
 };
 
 float f16_to_f32(uint16_t h) {
@@ -67,8 +67,10 @@ float TensorView::get_f32(int64_t i) const {
       std::memcpy(&h, data + i * 2, 2);
       return f16_to_f32(h);
     }
-    case DType::kF8E4M3: return fp8_e4m3_to_f32(static_cast<uint8_t>(data[i]));
-    default: return std::nanf("");
+    case DType::kF8E4M3:
+      return fp8_e4m3_to_f32(static_cast<uint8_t>(data[i]));
+    default:
+      return std::nanf("");
   }
 }
 
@@ -81,6 +83,8 @@ std::string shape_to_string(std::span<const int64_t> shape) {
   return s + "]";
 }
 
-std::string TensorView::shape_string() const { return shape_to_string(shape); }
+std::string TensorView::shape_string() const {
+  return shape_to_string(shape);
+}
 
 }  // namespace attnres

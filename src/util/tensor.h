@@ -13,8 +13,23 @@
 
 namespace attnres {
 
-enum class DType { kF64, kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kI64, kI32, kI16, kI8, kU64, kU32,
-                   kU16, kU8, kBool };
+enum class DType {
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,
+  kF8E5M2,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU64,
+  kU32,
+  kU16,
+  kU8,
+  kBool
+};
 
 // Safetensors dtype names ("F32", "BF16", "F8_E4M3", "U8", ...).
 std::string_view dtype_name(DType d);

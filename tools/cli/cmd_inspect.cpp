@@ -29,13 +29,13 @@ nlohmann::json schedule_json(const ModelConfig& c) {
   j["num_moe"] = s.num_moe;
   nlohmann::json layers = nlohmann::json::array();
   for (const LayerInfo& l : s.layers) {
-    layers.push_back({{"index", l.index},
-                      {"attention", attn_kind_name(l.attention)},
-                      {"ffn", ffn_kind_name(l.ffn)},
-                      {"commit_slot", l.commit_slot ? nlohmann::json(*l.commit_slot)
-                                                    : nlohmann::json()},
-                      {"pre_attn_sources", l.pre_attn_sources},
-                      {"pre_mlp_sources", l.pre_mlp_sources}});
+    layers.push_back(
+        {{"index", l.index},
+         {"attention", attn_kind_name(l.attention)},
+         {"ffn", ffn_kind_name(l.ffn)},
+         {"commit_slot", l.commit_slot ? nlohmann::json(*l.commit_slot) : nlohmann::json()},
+         {"pre_attn_sources", l.pre_attn_sources},
+         {"pre_mlp_sources", l.pre_mlp_sources}});
   }
   j["layers"] = layers;
   return j;
@@ -55,12 +55,12 @@ void print_schedule(const ModelConfig& c) {
   std::printf("MLA           %d heads, q_lora %d, kv_lora %d, qk %d+%d, v %d\n",
               c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
               c.qk_rope_head_dim, c.v_head_dim);
-  std::printf("MoE           %d experts, top-%d, %d shared, inter %lld, latent %s, %s\n",
-              c.num_experts, c.num_experts_per_token, c.num_shared_experts,
-              static_cast<long long>(c.moe_intermediate_size),
-              c.routed_expert_hidden_size ? std::to_string(*c.routed_expert_hidden_size).c_str()
-                                          : "none",
-              c.expert_format == ExpertFormat::kMxfp4 ? "MXFP4 experts" : "dense experts");
+  std::printf(
+      "MoE           %d experts, top-%d, %d shared, inter %lld, latent %s, %s\n", c.num_experts,
+      c.num_experts_per_token, c.num_shared_experts,
+      static_cast<long long>(c.moe_intermediate_size),
+      c.routed_expert_hidden_size ? std::to_string(*c.routed_expert_hidden_size).c_str() : "none",
+      c.expert_format == ExpertFormat::kMxfp4 ? "MXFP4 experts" : "dense experts");
   if (s.has_attnres()) {
     std::printf("AttnRes       block %d, %d bank slots, %d reads, at most %d sources per read\n",
                 s.block_size, s.bank_slots, s.num_reads(), s.max_sources);

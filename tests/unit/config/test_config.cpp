@@ -39,8 +39,10 @@ TEST(Config, PublishedKimiK3Schedule) {
   EXPECT_EQ(s.commit_layers, (std::vector<int>{0, 12, 24, 36, 48, 60, 72, 84}));
   EXPECT_EQ(s.layers[84].commit_slot, 7);
   for (int i = 0; i < 93; ++i) {
-    if (i % 12 == 0) EXPECT_EQ(s.layers[i].commit_slot, i / 12);
-    else EXPECT_FALSE(s.layers[i].commit_slot.has_value());
+    if (i % 12 == 0)
+      EXPECT_EQ(s.layers[i].commit_slot, i / 12);
+    else
+      EXPECT_FALSE(s.layers[i].commit_slot.has_value());
   }
   EXPECT_EQ(s.max_sources, 9);
   EXPECT_EQ(s.final_sources, 9);

@@ -1,0 +1,126 @@
+// Model weights bound by their published names (k3-model.md §6), with or without the
+// `language_model.` prefixes, checked against the config (dtype and shape).
+//
+// Contract: load_model() validates the config and every safetensors header before touching any
+// tensor data, binds every tensor the model needs (a missing tensor is an error naming it), and
+// counts unused extra tensors (reported, not fatal). The views point into read-only memory
+// maps owned by ModelWeights::files; they live as long as the ModelWeights.
+// Thread-safety: immutable after load; safe to share between threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "util/status.h"
+#include "util/tensor.h"
+
+namespace attnres {
+
+class SafetensorsFile;  // io/safetensors.h
+
+// A [rows, cols] projection as stored (torch Linear layout: rows = out_features,
+// cols = in_features), BF16 or F32, row-major: y = W x.
+using Matrix = TensorView;
+
+// A routed-expert projection [rows, cols]: MXFP4 (packed [rows, cols/2] U8 with the low nibble
+// the even element, scale [rows, cols/32] U8 E8M0) or a dense BF16/F32 matrix.
+struct ExpertMatrix {
+  bool mxfp4 = false;
+  int64_t rows = 0, cols = 0;
+  TensorView packed;  // mxfp4
+  TensorView scale;   // mxfp4
+  Matrix dense;       // !mxfp4
+};
+
+struct KdaWeights {
+  Matrix q_proj, k_proj, v_proj;      // [H*dk, d]
+  TensorView q_conv, k_conv, v_conv;  // [H*dk, 1, W] F32 (depthwise causal conv)
+  Matrix f_a_proj;                    // [dk, d]  forget-gate low rank
+  Matrix f_b_proj;                    // [H*dk, dk]
+  Matrix b_proj;                      // [H, d]   beta
+  Matrix g_proj;                      // [H*dv, d] full-rank output gate (use_full_rank_gate)
+  Matrix g_a_proj, g_b_proj;          // low-rank output gate otherwise: [dv, d], [H*dv, dv]
+  std::vector<float> a_log;           // [H] per head (first H of [H], padded [>H] or [1,1,H,1])
+  TensorView dt_bias;                 // [H*dk] F32
+  TensorView o_norm;                  // [dv] F32 gated RMSNorm gain
+  Matrix o_proj;                      // [d, H*dv]
+};
+
+struct MlaWeights {
+  Matrix q_a_proj;       // [r_q, d]          (q_lora_rank > 0)
+  TensorView q_a_norm;   // [r_q]
+  Matrix q_b_proj;       // [H*(nope+rope), r_q]
+  Matrix q_proj;         // [H*(nope+rope), d] (q_lora_rank == 0)
+  Matrix kv_a_proj;      // [r_kv + rope, d]  -> c_kv | k_rot
+  TensorView kv_a_norm;  // [r_kv]
+  Matrix kv_b_proj;      // [H*(nope+v), r_kv] -> per head k_nope | v
+  Matrix g_proj;         // [H*v, d] sigmoid output gate (mla_use_output_gate), else empty
+  Matrix o_proj;         // [d, H*v]
+};
+
+struct ExpertWeights {
+  ExpertMatrix w1;  // gate [I, K]
+  ExpertMatrix w2;  // down [K, I]
+  ExpertMatrix w3;  // up   [I, K]
+};
+
+struct MoeWeights {
+  Matrix gate;                         // router [E, d] (BF16)
+  TensorView gate_bias;                // e_score_correction_bias [E] F32 (selection only)
+  std::vector<ExpertWeights> experts;  // K = routed_expert_hidden_size (latent) or d
+  Matrix shared_gate, shared_up;       // [S*I, d]
+  Matrix shared_down;                  // [d, S*I]
+  Matrix latent_down;                  // routed_expert_down_proj [r, d]  (latent MoE only)
+  TensorView latent_norm;              // routed_expert_norm [r]          (latent_moe_use_norm)
+  Matrix latent_up;                    // routed_expert_up_proj [d, r]
+};
+
+struct DenseMlpWeights {
+  Matrix gate, up;  // [I, d]
+  Matrix down;      // [d, I]
+};
+
+struct LayerWeights {
+  TensorView input_norm;      // input_layernorm [d]
+  TensorView post_attn_norm;  // post_attention_layernorm [d]
+  // AttnRes queries folded once at load in fp32: res_norm.weight * res_proj.weight, [d].
+  // Empty for plain-residual models.
+  std::vector<float> attn_res_query;
+  std::vector<float> mlp_res_query;
+  std::optional<KdaWeights> kda;
+  std::optional<MlaWeights> mla;
+  std::optional<MoeWeights> moe;
+  std::optional<DenseMlpWeights> dense;
+};
+
+struct BindReport {
+  int64_t tensors_in_files = 0;
+  int64_t tensors_bound = 0;
+  int64_t extra_tensors = 0;                       // present in the files, not used by the model
+  std::vector<std::string> extra_examples;         // first few extra names
+  std::map<std::string, int64_t> params_by_dtype;  // dtype name -> elements bound
+  std::map<std::string, int64_t> bytes_by_dtype;   // dtype name -> bytes bound
+  int64_t bytes_mapped = 0;
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  TensorView embed;                  // [V, d]
+  TensorView final_norm;             // [d]
+  TensorView lm_head;                // [V, d] (embed when tied)
+  std::vector<float> out_res_query;  // output_attn_res_norm * output_attn_res_proj, [d]
+  std::vector<LayerWeights> layers;
+  BindReport report;
+  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+};
+
+// Loads `model_dir/config.json` and binds the tensors of `model.safetensors` or of the shards
+// listed in `model.safetensors.index.json`.
+Result<ModelWeights> load_model(const std::string& model_dir);
+
+}  // namespace attnres

@@ -1,0 +1,27 @@
+// Projections y = x W^T over a stored weight matrix.
+//
+// Contract: x is [T, K] f32 row-major, W is [N, K] (BF16 or F32, torch Linear layout), y is
+// [T, N] f32; y must not alias x. Each output element is one dot product accumulated by one
+// thread in a fixed order, so results do not depend on the thread count. The scalar
+// reference (`*_ref`) defines the numerics; the dispatched path is tested against it.
+#pragma once
+
+#include <cstdint>
+
+#include "util/tensor.h"
+
+namespace attnres {
+
+// Dispatched (fast) path.
+void matmul(const float* x, int64_t T, const TensorView& W, float* y);
+// Scalar reference: f64-free, f32 accumulation in k order.
+void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y);
+
+// MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0. Computed straight
+// from the packed nibbles; no dequantised copy is kept.
+void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
+                  int64_t K, float* y);
+void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
+                      int64_t N, int64_t K, float* y);
+
+}  // namespace attnres

@@ -1,0 +1,76 @@
+// Scalar reference projections (define the numerics) and, until SIMD kernels land, the
+// dispatched entry points, parallel over output rows with OpenMP.
+#include <cstring>
+
+#include "kernels/matmul.h"
+
+namespace attnres {
+namespace {
+
+template <typename LoadW>
+void matmul_rows(const float* x, int64_t T, int64_t N, int64_t K, float* y, LoadW load_w) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * K;
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * load_w(n, k);
+      y[t * N + n] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y) {
+  const int64_t N = W.shape[0], K = W.shape[1];
+  if (W.dtype == DType::kBF16) {
+    const bf16* w = W.as<bf16>();
+    matmul_rows(x, T, N, K, y, [w, K](int64_t n, int64_t k) { return bf16_to_f32(w[n * K + k]); });
+  } else {
+    const float* w = W.as<float>();
+    matmul_rows(x, T, N, K, y, [w, K](int64_t n, int64_t k) { return w[n * K + k]; });
+  }
+}
+
+void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
+                      int64_t N, int64_t K, float* y) {
+  matmul_rows(x, T, N, K, y, [=](int64_t n, int64_t k) {
+    return mxfp4_get(packed + n * (K / 2), scale + n * (K / kMxfp4BlockSize), k);
+  });
+}
+
+void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
+  const int64_t N = W.shape[0], K = W.shape[1];
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xr = x + t * K;
+      float acc = 0.0f;
+      if (W.dtype == DType::kBF16) {
+        const bf16* w = W.as<bf16>() + n * K;
+        for (int64_t k = 0; k < K; ++k) acc += xr[k] * bf16_to_f32(w[k]);
+      } else {
+        const float* w = W.as<float>() + n * K;
+        for (int64_t k = 0; k < K; ++k) acc += xr[k] * w[k];
+      }
+      y[t * N + n] = acc;
+    }
+  }
+}
+
+void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
+                  int64_t K, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* pr = packed + n * (K / 2);
+    const uint8_t* sr = scale + n * (K / kMxfp4BlockSize);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xr = x + t * K;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * mxfp4_get(pr, sr, k);
+      y[t * N + n] = acc;
+    }
+  }
+}
+
+}  // namespace attnres
