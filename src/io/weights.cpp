@@ -1,0 +1,386 @@
+// Weight binding: maps the published checkpoint names (k3-model.md §6) onto ModelWeights,
+// checking every tensor's dtype and shape against the config. See weights.h for the contract.
+//
+// Names are matched on their canonical form: a leading `language_model.` and then a leading
+// `model.` are stripped, so `language_model.model.layers.0.input_layernorm.weight`,
+// `model.layers.0.input_layernorm.weight` and `layers.0.input_layernorm.weight` all bind, and
+// `language_model.lm_head.weight` and `lm_head.weight` both bind the output head. The prefix
+// is detected per tensor; two file names with the same canonical form are kInconsistent.
+#include "io/weights.h"
+
+#include <algorithm>
+#include <set>
+
+#include "io/safetensors.h"
+
+namespace attnres {
+namespace {
+
+constexpr size_t kMaxListedProblems = 12;
+constexpr size_t kMaxExtraExamples = 5;
+
+std::string canonical_name(const std::string& name) {
+  std::string_view n = name;
+  if (n.starts_with("language_model.")) n.remove_prefix(15);
+  if (n.starts_with("model.")) n.remove_prefix(6);
+  return std::string(n);
+}
+
+enum class Kind {
+  kFloat,  // BF16 or F32: an engine widens either
+  kU8,     // MXFP4 packed codes or E8M0 scales
+};
+
+std::string kind_string(Kind k) {
+  return k == Kind::kFloat ? "BF16 or F32" : "U8";
+}
+
+bool kind_ok(Kind k, DType d) {
+  return k == Kind::kFloat ? (d == DType::kBF16 || d == DType::kF32) : d == DType::kU8;
+}
+
+using Shape = std::vector<int64_t>;
+
+// Binds tensors by canonical name, collecting every problem so one load reports them all.
+class Binder {
+ public:
+  Binder(const SafetensorsCheckpoint& ck, BindReport& report) : ck_(ck), report_(report) {}
+
+  Status index_names() {
+    for (const auto& [name, loc] : ck_.tensors()) {
+      auto [it, inserted] = canon_.emplace(canonical_name(name), name);
+      if (!inserted)
+        return Status(ErrorCode::kInconsistent,
+                      "tensors '" + it->second + "' and '" + name +
+                          "' name the same weight (they differ only in the "
+                          "'language_model.'/'model.' prefix)");
+    }
+    return Status::ok();
+  }
+
+  // The tensor with canonical name `canon`, checked for dtype kind and exact shape. On a problem
+  // it is recorded and an empty view returned (binding continues, so all problems are listed).
+  TensorView bind(const std::string& canon, Kind kind, const Shape& shape,
+                  const std::string& formula) {
+    TensorView v = lookup(canon, kind);
+    if (v.name.empty()) return TensorView{};
+    if (v.shape != shape) {
+      problem(ErrorCode::kShapeMismatch, "tensor '" + v.name + "' has shape " + v.shape_string() +
+                                             ", expected " + shape_to_string(shape) + " (" +
+                                             formula + ")");
+      return TensorView{};
+    }
+    return v;
+  }
+
+  // The tensor with its dtype checked but not its shape (the caller checks it).
+  TensorView lookup(const std::string& canon, Kind kind) {
+    auto it = canon_.find(canon);
+    if (it == canon_.end()) {
+      problem(ErrorCode::kMissingTensor, "missing tensor '" + display(canon) +
+                                             "' (looked for it with and without the " +
+                                             "'language_model.' and 'model.' prefixes)");
+      return TensorView{};
+    }
+    auto t = ck_.tensor(it->second);
+    if (!t) {  // cannot happen: names come from the checkpoint
+      problem(t.status().code(), t.status().message());
+      return TensorView{};
+    }
+    TensorView v = std::move(t).value();
+    if (!kind_ok(kind, v.dtype)) {
+      problem(ErrorCode::kDtypeMismatch, "tensor '" + v.name + "' has dtype " +
+                                             std::string(dtype_name(v.dtype)) + ", expected " +
+                                             kind_string(kind));
+      return TensorView{};
+    }
+    const size_t align = dtype_size(v.dtype);
+    if (v.data != nullptr && reinterpret_cast<uintptr_t>(v.data) % align != 0) {
+      problem(ErrorCode::kUnsupported,
+              "tensor '" + v.name + "' is not aligned to its element size " +
+                  std::to_string(align) + " in " + ck_.file_of(*ck_.find(it->second)) +
+                  " (rewrite the file with aligned offsets)");
+      return TensorView{};
+    }
+    if (bound_.insert(v.name).second) {
+      const std::string dn(dtype_name(v.dtype));
+      report_.params_by_dtype[dn] += v.numel();
+      report_.bytes_by_dtype[dn] += static_cast<int64_t>(v.nbytes);
+    }
+    return v;
+  }
+
+  void problem(ErrorCode code, std::string what) {
+    if (problems_.empty()) first_code_ = code;
+    problems_.push_back(std::move(what));
+  }
+  bool ok() const { return problems_.empty(); }
+
+  Status finish(const std::string& model_dir) {
+    report_.tensors_in_files = static_cast<int64_t>(ck_.tensors().size());
+    report_.tensors_bound = static_cast<int64_t>(bound_.size());
+    report_.extra_tensors = 0;
+    for (const auto& [name, loc] : ck_.tensors()) {
+      if (bound_.count(name)) continue;
+      if (report_.extra_examples.size() < kMaxExtraExamples) report_.extra_examples.push_back(name);
+      ++report_.extra_tensors;
+    }
+    report_.bytes_mapped = 0;
+    for (const auto& f : ck_.files()) report_.bytes_mapped += static_cast<int64_t>(f->file_bytes());
+    if (problems_.empty()) return Status::ok();
+    std::string msg = model_dir + ": " + std::to_string(problems_.size()) + " weight problem" +
+                      (problems_.size() > 1 ? "s" : "") + ":";
+    for (size_t i = 0; i < problems_.size() && i < kMaxListedProblems; ++i)
+      msg += "\n  " + problems_[i];
+    if (problems_.size() > kMaxListedProblems)
+      msg += "\n  ... and " + std::to_string(problems_.size() - kMaxListedProblems) + " more";
+    return Status(first_code_, msg);
+  }
+
+  // A canonical name as the file would most likely spell it (same prefix as the embedding).
+  std::string display(const std::string& canon) const {
+    if (canon == "lm_head.weight") return "language_model.lm_head.weight";
+    return "language_model.model." + canon;
+  }
+
+ private:
+  const SafetensorsCheckpoint& ck_;
+  BindReport& report_;
+  std::map<std::string, std::string> canon_;  // canonical -> name in the file
+  std::set<std::string> bound_;
+  std::vector<std::string> problems_;
+  ErrorCode first_code_ = ErrorCode::kOk;
+};
+
+std::string dims(std::initializer_list<std::pair<const char*, int64_t>> terms) {
+  std::string s;
+  for (const auto& [name, v] : terms) {
+    if (!s.empty()) s += ", ";
+    s += std::string(name) + " = " + std::to_string(v);
+  }
+  return s;
+}
+
+// q = res_norm.weight * res_proj.weight, elementwise in fp32. Empty on a problem.
+std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d) {
+  const TensorView norm =
+      b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  const TensorView proj = b.lookup(prefix + "_proj.weight", Kind::kFloat);
+  if (proj.name.empty() || norm.name.empty()) return {};
+  // Published as nn.Linear(d, 1): [1, d]; a flat [d] has the same bytes.
+  if (proj.shape != Shape{1, d} && proj.shape != Shape{d}) {
+    b.problem(ErrorCode::kShapeMismatch, "tensor '" + proj.name + "' has shape " +
+                                             proj.shape_string() + ", expected " +
+                                             shape_to_string(Shape{1, d}) + " ([1, hidden_size])");
+    return {};
+  }
+  std::vector<float> q(static_cast<size_t>(d));  // [d]
+  for (int64_t j = 0; j < d; ++j) q[static_cast<size_t>(j)] = norm.get_f32(j) * proj.get_f32(j);
+  return q;
+}
+
+// A_log: [H], zero-padded [N > H] (first H used) or legacy [1, 1, H, 1].
+std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H) {
+  const TensorView t = b.lookup(name, Kind::kFloat);
+  if (t.name.empty()) return {};
+  const bool flat = t.rank() == 1 && t.shape[0] >= H;
+  const bool legacy = t.shape == Shape{1, 1, H, 1};
+  if (!flat && !legacy) {
+    b.problem(ErrorCode::kShapeMismatch,
+              "tensor '" + t.name + "' has shape " + t.shape_string() + ", expected [" +
+                  std::to_string(H) + "], [N >= " + std::to_string(H) + "] or [1, 1, " +
+                  std::to_string(H) + ", 1] (linear_attn_config.num_heads = " + std::to_string(H) +
+                  ")");
+    return {};
+  }
+  std::vector<float> a(static_cast<size_t>(H));  // [H]
+  for (int64_t h = 0; h < H; ++h) a[static_cast<size_t>(h)] = t.get_f32(h);
+  return a;
+}
+
+KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
+  const int64_t d = c.hidden_size, H = c.linear.num_heads, dk = c.linear.head_dim;
+  const int64_t dv = dk, P = H * dk, W = c.linear.short_conv_kernel_size;
+  const std::string proj = dims({{"H*head_dim", P}, {"hidden_size", d}});
+  KdaWeights w;
+  w.q_proj = b.bind(p + "q_proj.weight", Kind::kFloat, {P, d}, proj);
+  w.k_proj = b.bind(p + "k_proj.weight", Kind::kFloat, {P, d}, proj);
+  w.v_proj = b.bind(p + "v_proj.weight", Kind::kFloat, {P, d}, proj);
+  const std::string conv = dims({{"H*head_dim", P}, {"short_conv_kernel_size", W}});
+  w.q_conv = b.bind(p + "q_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
+  w.k_conv = b.bind(p + "k_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
+  w.v_conv = b.bind(p + "v_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
+  w.f_a_proj = b.bind(p + "f_a_proj.weight", Kind::kFloat, {dk, d},
+                      dims({{"head_dim", dk}, {"hidden_size", d}}));
+  w.f_b_proj = b.bind(p + "f_b_proj.weight", Kind::kFloat, {P, dk},
+                      dims({{"H*head_dim", P}, {"head_dim", dk}}));
+  w.b_proj = b.bind(p + "b_proj.weight", Kind::kFloat, {H, d},
+                    dims({{"num_heads", H}, {"hidden_size", d}}));
+  if (c.linear.use_full_rank_gate) {
+    w.g_proj = b.bind(p + "g_proj.weight", Kind::kFloat, {H * dv, d},
+                      dims({{"H*head_dim", H * dv}, {"hidden_size", d}}));
+  } else {
+    w.g_a_proj = b.bind(p + "g_a_proj.weight", Kind::kFloat, {dv, d},
+                        dims({{"head_dim", dv}, {"hidden_size", d}}));
+    w.g_b_proj = b.bind(p + "g_b_proj.weight", Kind::kFloat, {H * dv, dv},
+                        dims({{"H*head_dim", H * dv}, {"head_dim", dv}}));
+  }
+  w.a_log = bind_a_log(b, p + "A_log", H);
+  w.dt_bias = b.bind(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}));
+  w.o_norm = b.bind(p + "o_norm.weight", Kind::kFloat, {dv}, dims({{"head_dim", dv}}));
+  w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * dv},
+                    dims({{"hidden_size", d}, {"H*head_dim", H * dv}}));
+  return w;
+}
+
+MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
+  const int64_t d = c.hidden_size, H = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+  const int64_t rq = c.q_lora_rank, rkv = c.kv_lora_rank;
+  MlaWeights w;
+  if (rq > 0) {
+    w.q_a_proj = b.bind(p + "q_a_proj.weight", Kind::kFloat, {rq, d},
+                        dims({{"q_lora_rank", rq}, {"hidden_size", d}}));
+    w.q_a_norm =
+        b.bind(p + "q_a_layernorm.weight", Kind::kFloat, {rq}, dims({{"q_lora_rank", rq}}));
+    w.q_b_proj = b.bind(p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
+                        dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}));
+  } else {
+    w.q_proj = b.bind(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
+                      dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}));
+  }
+  w.kv_a_proj = b.bind(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
+                       dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}));
+  w.kv_a_norm =
+      b.bind(p + "kv_a_layernorm.weight", Kind::kFloat, {rkv}, dims({{"kv_lora_rank", rkv}}));
+  w.kv_b_proj = b.bind(p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
+                       dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}));
+  if (c.mla_use_output_gate)
+    w.g_proj = b.bind(p + "g_proj.weight", Kind::kFloat, {H * v, d},
+                      dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}));
+  w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * v},
+                    dims({{"hidden_size", d}, {"H*v_head_dim", H * v}}));
+  return w;
+}
+
+ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::string& p, int64_t rows,
+                                int64_t cols, const char* rows_name, const char* cols_name) {
+  ExpertMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.mxfp4 = c.expert_format == ExpertFormat::kMxfp4;
+  if (m.mxfp4) {
+    m.packed = b.bind(p + ".weight_packed", Kind::kU8, {rows, cols / 2},
+                      dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte");
+    m.scale = b.bind(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
+                     dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32");
+  } else {
+    m.dense = b.bind(p + ".weight", Kind::kFloat, {rows, cols},
+                     dims({{rows_name, rows}, {cols_name, cols}}));
+  }
+  return m;
+}
+
+MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
+  const int64_t d = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+  const int64_t K = c.routed_expert_hidden_size.value_or(d);
+  const char* k_name = c.routed_expert_hidden_size ? "routed_expert_hidden_size" : "hidden_size";
+  MoeWeights w;
+  w.gate = b.bind(p + "gate.weight", Kind::kFloat, {E, d},
+                  dims({{"num_experts", E}, {"hidden_size", d}}));
+  w.gate_bias =
+      b.bind(p + "gate.e_score_correction_bias", Kind::kFloat, {E}, dims({{"num_experts", E}}));
+  w.experts.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    ExpertWeights& x = w.experts[static_cast<size_t>(e)];
+    x.w1 = bind_expert_matrix(b, c, ep + "w1", I, K, "moe_intermediate_size", k_name);
+    x.w2 = bind_expert_matrix(b, c, ep + "w2", K, I, k_name, "moe_intermediate_size");
+    x.w3 = bind_expert_matrix(b, c, ep + "w3", I, K, "moe_intermediate_size", k_name);
+  }
+  if (c.num_shared_experts > 0) {
+    const int64_t SI = c.num_shared_experts * I;
+    const std::string f = dims({{"num_shared_experts*moe_intermediate_size", SI}});
+    w.shared_gate = b.bind(p + "shared_experts.gate_proj.weight", Kind::kFloat, {SI, d},
+                           f + ", hidden_size = " + std::to_string(d));
+    w.shared_up = b.bind(p + "shared_experts.up_proj.weight", Kind::kFloat, {SI, d},
+                         f + ", hidden_size = " + std::to_string(d));
+    w.shared_down = b.bind(p + "shared_experts.down_proj.weight", Kind::kFloat, {d, SI},
+                           "hidden_size = " + std::to_string(d) + ", " + f);
+  }
+  if (c.routed_expert_hidden_size) {
+    const int64_t r = *c.routed_expert_hidden_size;
+    w.latent_down = b.bind(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
+                           dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}));
+    if (c.latent_moe_use_norm)
+      w.latent_norm = b.bind(p + "routed_expert_norm.weight", Kind::kFloat, {r},
+                             dims({{"routed_expert_hidden_size", r}}));
+    w.latent_up = b.bind(p + "routed_expert_up_proj.weight", Kind::kFloat, {d, r},
+                         dims({{"hidden_size", d}, {"routed_expert_hidden_size", r}}));
+  }
+  return w;
+}
+
+DenseMlpWeights bind_dense(Binder& b, const ModelConfig& c, const std::string& p) {
+  const int64_t d = c.hidden_size, I = c.intermediate_size;
+  const std::string f = dims({{"intermediate_size", I}, {"hidden_size", d}});
+  DenseMlpWeights w;
+  w.gate = b.bind(p + "gate_proj.weight", Kind::kFloat, {I, d}, f);
+  w.up = b.bind(p + "up_proj.weight", Kind::kFloat, {I, d}, f);
+  w.down = b.bind(p + "down_proj.weight", Kind::kFloat, {d, I},
+                  dims({{"hidden_size", d}, {"intermediate_size", I}}));
+  return w;
+}
+
+LayerWeights bind_layer(Binder& b, const ModelConfig& c, const LayerInfo& info) {
+  const int64_t d = c.hidden_size;
+  const std::string p = "layers." + std::to_string(info.index) + ".";
+  LayerWeights w;
+  w.input_norm =
+      b.bind(p + "input_layernorm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  w.post_attn_norm =
+      b.bind(p + "post_attention_layernorm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  if (c.schedule.has_attnres()) {
+    // Layer 0 skips its pre-attention read, but its query exists and is bound (and folded)
+    // like every other so the checkpoint is checked in full.
+    w.attn_res_query = fold_query(b, p + "self_attention_res", d);
+    w.mlp_res_query = fold_query(b, p + "mlp_res", d);
+  }
+  if (info.attention == AttnKind::kKda)
+    w.kda = bind_kda(b, c, p + "self_attn.");
+  else
+    w.mla = bind_mla(b, c, p + "self_attn.");
+  if (info.ffn == FfnKind::kMoe)
+    w.moe = bind_moe(b, c, p + "block_sparse_moe.");
+  else
+    w.dense = bind_dense(b, c, p + "mlp.");
+  return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> load_model(const std::string& model_dir) {
+  ModelWeights mw;
+  ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
+  ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
+  const ModelConfig& c = mw.config;
+  const int64_t d = c.hidden_size, V = c.vocab_size;
+
+  Binder b(ck, mw.report);
+  ATTNRES_RETURN_IF_ERROR(b.index_names());
+  const std::string vd = dims({{"vocab_size", V}, {"hidden_size", d}});
+  mw.embed = b.bind("embed_tokens.weight", Kind::kFloat, {V, d}, vd);
+  mw.final_norm = b.bind("norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  // Tied: the head is the embedding; a stored lm_head is then left unbound (counted as extra).
+  mw.lm_head =
+      c.tie_word_embeddings ? mw.embed : b.bind("lm_head.weight", Kind::kFloat, {V, d}, vd);
+  if (c.schedule.has_attnres()) mw.out_res_query = fold_query(b, "output_attn_res", d);
+  mw.layers.reserve(c.schedule.layers.size());
+  for (const LayerInfo& info : c.schedule.layers) mw.layers.push_back(bind_layer(b, c, info));
+
+  ATTNRES_RETURN_IF_ERROR(b.finish(model_dir));
+  mw.files = ck.files();
+  return mw;
+}
+
+}  // namespace attnres
