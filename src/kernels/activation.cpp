@@ -1,0 +1,24 @@
+#include "kernels/activation.h"
+
+#include "util/numeric.h"
+
+namespace attnres {
+
+void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+          bool bf16_out, float* out) {
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = situf(gate[i], up[i], beta, linear_beta);
+    out[i] = bf16_out ? round_bf16(v) : v;
+  }
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = siluf(gate[i]) * up[i];
+    out[i] = bf16_out ? round_bf16(v) : v;
+  }
+}
+
+}  // namespace attnres

@@ -1,0 +1,30 @@
+// Pointwise activations: SiTU (Kimi-K3's gated activation), SiLU and the logistic sigmoid.
+//
+// SiTU(g, u) = b * tanh(g / b) * sigmoid(g) * bl * tanh(u / bl), in f32 (the sigmoid takes the
+// raw gate, not the capped one; the up branch is capped by bl). Reference: the SiTU of the
+// official modeling code, as in the public K3 ports (`situ_and_mul`).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace attnres {
+
+inline float sigmoidf(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+inline float siluf(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+inline float situf(float g, float u, float beta, float linear_beta) {
+  return beta * std::tanh(g / beta) * sigmoidf(g) * (linear_beta * std::tanh(u / linear_beta));
+}
+
+// out[i] = SiTU(gate[i], up[i]); out may alias gate or up. With `bf16_out` the result is rounded
+// to bf16 (the bf16 model casts the f32 activation back to the input dtype).
+void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+          bool bf16_out, float* out);
+// out[i] = SiLU(gate[i]) * up[i] (Kimi-Linear's activation); out may alias either input.
+void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out);
+
+}  // namespace attnres

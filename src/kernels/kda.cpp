@@ -1,0 +1,194 @@
+#include "kernels/kda.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/activation.h"
+
+namespace attnres {
+
+void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
+                        float* state, float* y) {
+  assert(W >= 1 && W <= kMaxConvWidth);
+  const int hist = W - 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    // window[0..hist-1] = the previous hist inputs (oldest first), window[hist] = current.
+    float window[kMaxConvWidth];
+    float* st = state + c * hist;
+    for (int j = 0; j < hist; ++j) window[j] = st[j];
+    const float* w = weight + c * W;
+    for (int64_t t = 0; t < T; ++t) {
+      window[hist] = x[t * C + c];  // read before the (possibly aliased) write below
+      float acc = 0.0f;
+      for (int j = 0; j < W; ++j) acc += w[j] * window[j];
+      y[t * C + c] = siluf(acc);
+      for (int j = 0; j < hist; ++j) window[j] = window[j + 1];
+    }
+    for (int j = 0; j < hist; ++j) st[j] = window[j];
+  }
+}
+
+void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
+              const float* dt_bias, std::optional<float> lower_bound, float* g) {
+  const int64_t P = H * dk;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float a = std::exp(a_log[h]);
+      for (int64_t i = 0; i < dk; ++i) {
+        const int64_t c = h * dk + i;
+        const float z = f[t * P + c] + dt_bias[c];
+        if (lower_bound) {
+          g[t * P + c] = *lower_bound * sigmoidf(a * z);
+        } else {
+          // softplus with torch's threshold (20): linear above it.
+          const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
+          g[t * P + c] = -a * sp;
+        }
+      }
+    }
+  }
+}
+
+void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
+                   float* o) {
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < H; ++h) {
+    float* S = state + h * dk * dv;  // [dk, dv]
+    for (int64_t t = 0; t < T; ++t) {
+      const float* qt = q + (t * H + h) * dk;
+      const float* kt = k + (t * H + h) * dk;
+      const float* vt = v + (t * H + h) * dv;
+      const float* gt = g + (t * H + h) * dk;
+      const float bt = beta[t * H + h];
+      float* ot = o + (t * H + h) * dv;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float a = std::exp(gt[i]);
+        for (int64_t j = 0; j < dv; ++j) S[i * dv + j] *= a;
+      }
+      // ot temporarily holds the delta (v - S^T k) * beta; o never aliases the inputs.
+      for (int64_t j = 0; j < dv; ++j) {
+        float kv = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) kv += kt[i] * S[i * dv + j];
+        ot[j] = (vt[j] - kv) * bt;
+      }
+      for (int64_t i = 0; i < dk; ++i)
+        for (int64_t j = 0; j < dv; ++j) S[i * dv + j] += kt[i] * ot[j];
+      for (int64_t j = 0; j < dv; ++j) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) acc += qt[i] * S[i * dv + j];
+        ot[j] = acc;
+      }
+    }
+  }
+}
+
+namespace {
+int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
+  // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C]
+  return C * dk + C * C + C * dk + C * dv + C;
+}
+}  // namespace
+
+int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t dv) {
+  return H * per_head_scratch(chunk, dk, dv);
+}
+
+void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                 int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
+                 float* o, float* scratch) {
+  const int64_t C = chunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < H; ++h) {
+    float* S = state + h * dk * dv;                         // [dk, dv]
+    float* gc = scratch + h * per_head_scratch(C, dk, dv);  // [C, dk] cumulative log decay
+    float* A = gc + C * dk;                                 // [C, C]
+    float* w = A + C * C;                                   // [C, dk]
+    float* u = w + C * dk;                                  // [C, dv]
+    float* aqk = u + C * dv;                                // [C]
+    auto row = [H, h](int64_t t, int64_t width) { return (t * H + h) * width; };
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+      const int64_t L = std::min(C, T - t0);
+      for (int64_t c = 0; c < L; ++c) {
+        const float* gt = g + row(t0 + c, dk);
+        for (int64_t d = 0; d < dk; ++d) gc[c * dk + d] = gt[d] + (c ? gc[(c - 1) * dk + d] : 0.0f);
+      }
+      // A[c][i] (i < c) = -beta_c * sum_d k_c[d] exp(gc_c[d] - gc_i[d]) k_i[d]
+      for (int64_t c = 0; c < L; ++c) {
+        const float* kc = k + row(t0 + c, dk);
+        const float bc = beta[(t0 + c) * H + h];
+        for (int64_t i = 0; i < L; ++i) {
+          float acc = 0.0f;
+          if (i < c) {
+            const float* ki = k + row(t0 + i, dk);
+            for (int64_t d = 0; d < dk; ++d)
+              acc += kc[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
+            acc = -acc * bc;
+          }
+          A[c * C + i] = acc;
+        }
+      }
+      // Forward substitution: rows become those of (I - A_strict)^-1 - I.
+      for (int64_t c = 1; c < L; ++c) {
+        for (int64_t i = 0; i < c; ++i) {
+          float acc = A[c * C + i];
+          for (int64_t m = i + 1; m < c; ++m) acc += A[c * C + m] * A[m * C + i];
+          A[c * C + i] = acc;
+        }
+      }
+      // T = (A + I) diag(beta); w = T (exp(gc) * k); u = T v
+      for (int64_t c = 0; c < L; ++c) {
+        for (int64_t d = 0; d < dk; ++d) w[c * dk + d] = 0.0f;
+        for (int64_t j = 0; j < dv; ++j) u[c * dv + j] = 0.0f;
+        for (int64_t i = 0; i <= c; ++i) {
+          const float tci = (i == c ? 1.0f : A[c * C + i]) * beta[(t0 + i) * H + h];
+          const float* ki = k + row(t0 + i, dk);
+          const float* vi = v + row(t0 + i, dv);
+          for (int64_t d = 0; d < dk; ++d) w[c * dk + d] += tci * std::exp(gc[i * dk + d]) * ki[d];
+          for (int64_t j = 0; j < dv; ++j) u[c * dv + j] += tci * vi[j];
+        }
+      }
+      // v_new = u - w S  (stored in u)
+      for (int64_t c = 0; c < L; ++c) {
+        for (int64_t j = 0; j < dv; ++j) {
+          float acc = 0.0f;
+          for (int64_t d = 0; d < dk; ++d) acc += w[c * dk + d] * S[d * dv + j];
+          u[c * dv + j] -= acc;
+        }
+      }
+      // o_c = (q_c * exp(gc_c)) S + sum_{j<=c} Aqk[c][j] v_new_j
+      for (int64_t c = 0; c < L; ++c) {
+        const float* qc = q + row(t0 + c, dk);
+        for (int64_t j = 0; j <= c; ++j) {
+          const float* kj = k + row(t0 + j, dk);
+          float acc = 0.0f;
+          for (int64_t d = 0; d < dk; ++d)
+            acc += qc[d] * std::exp(gc[c * dk + d] - gc[j * dk + d]) * kj[d];
+          aqk[j] = acc;
+        }
+        float* oc = o + row(t0 + c, dv);
+        for (int64_t e = 0; e < dv; ++e) {
+          float acc = 0.0f;
+          for (int64_t d = 0; d < dk; ++d) acc += qc[d] * std::exp(gc[c * dk + d]) * S[d * dv + e];
+          for (int64_t j = 0; j <= c; ++j) acc += aqk[j] * u[j * dv + e];
+          oc[e] = acc;
+        }
+      }
+      // S = diag(exp(gc_last)) S + sum_c (exp(gc_last - gc_c) * k_c) v_new_c^T
+      const float* gl = gc + (L - 1) * dk;
+      for (int64_t d = 0; d < dk; ++d) {
+        const float decay = std::exp(gl[d]);
+        for (int64_t e = 0; e < dv; ++e) {
+          float acc = S[d * dv + e] * decay;
+          for (int64_t c = 0; c < L; ++c)
+            acc += std::exp(gl[d] - gc[c * dk + d]) * k[row(t0 + c, dk) + d] * u[c * dv + e];
+          S[d * dv + e] = acc;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace attnres

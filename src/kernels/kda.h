@@ -1,0 +1,51 @@
+// Kimi Delta Attention numerics: the short causal depthwise convolution with carried state, the
+// per-channel forget gate, and the gated delta rule in two forms: the recurrent step (decode,
+// and the reference) and the chunked WY/UT form (prefill). References: fla
+// fla/ops/kda/naive.py (naive_recurrent_kda, naive_chunk_kda) and fla/ops/kda/gate.py
+// (naive_kda_lowerbound_gate, naive_kda_gate).
+//
+// Layouts: tokens are rows. q, k, g are [T, H, dk]; v and o are [T, H, dv]; beta is [T, H];
+// the recurrent state is [H, dk, dv] f32 (S[h][i][j]: key channel i, value channel j).
+// q must already be L2-normalised and scaled by dk^-1/2, k L2-normalised; g is the log decay
+// (alpha = exp(g) <= 1).
+//
+// Contract: no allocation (scratch is passed in); each head is processed by one thread with a
+// fixed order, so results do not depend on the thread count. The recurrent and chunked forms
+// compute the same function (kda unit tests bound their difference).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace attnres {
+
+// Causal depthwise conv + SiLU over C channels: y[t,c] = silu(sum_j w[c,j] * x[t-W+1+j, c]),
+// where inputs before the first token come from `state` [C, W-1] (oldest first; zeros at the
+// start of a sequence). On return `state` holds the last W-1 inputs. weight is [C, W]. y may
+// alias x. W must be <= kMaxConvWidth.
+inline constexpr int kMaxConvWidth = 16;
+void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
+                        float* state, float* y);
+
+// Forget gate per channel. f is W_fb W_fa x [T, H*dk], a_log [H] (per head), dt_bias [H*dk].
+// With a lower bound lb: g = lb * sigmoid(exp(a_log[h]) * (f + dt_bias)).
+// Without: g = -exp(a_log[h]) * softplus(f + dt_bias). g may alias f.
+void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
+              const float* dt_bias, std::optional<float> lower_bound, float* g);
+
+// Recurrent gated delta rule, token by token (the definition):
+//   S = diag(exp(g_t)) S;  S += beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t.
+void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
+                   float* o);
+
+// Chunked (WY / UT transform) form with chunks of `chunk` tokens (the last may be shorter).
+// Same function as kda_recurrent up to f32 rounding. Only decay ratios exp(gc_i - gc_j) with
+// gc_i <= gc_j are formed, so nothing overflows for any chunk length.
+// scratch must hold kda_chunk_scratch_floats(H, chunk, dk, dv) floats.
+int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t dv);
+void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                 int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
+                 float* o, float* scratch);
+
+}  // namespace attnres

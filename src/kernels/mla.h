@@ -1,0 +1,41 @@
+// Multi-head latent attention (NoPE, gated) numerics over a latent context.
+//
+// The context of N tokens is stored as latents: c_kv [N, r] (after kv_a_layernorm) and the
+// shared, unrotated k_rot [N, R]. Queries are [T, H, n + R] (q_nope | q_rot) for the T newest
+// positions P..P+T-1 of the context (P = N - T); query t attends context tokens 0..P+t.
+// Scores are softmax((q_nope . k_nope + q_rot . k_rot) * scale) in f32, no rotary anywhere.
+//
+// Two forms of the same function:
+// - expanded (prefill, the HF form): k_nope | v per head from kv_b_proj, kv [N, H, n + dv];
+// - absorbed (decode): q_lat = W_UK^T q_nope, score = q_lat . c_kv + q_rot . k_rot,
+//   o = W_UV (sum_j p_j c_kv_j), with W_UK / W_UV the rows of kv_b_proj [H*(n+dv), r].
+//
+// Contract: no allocation; scratch sizes given by the *_scratch_floats functions; each
+// (token, head) output is computed by one thread in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+#include "util/tensor.h"
+
+namespace attnres {
+
+struct MlaDims {
+  int64_t H = 0;       // heads
+  int64_t nope = 0;    // qk_nope_head_dim
+  int64_t rope = 0;    // qk_rope_head_dim (used unrotated)
+  int64_t v = 0;       // v_head_dim
+  int64_t r = 0;       // kv_lora_rank
+  float scale = 0.0f;  // 1 / sqrt(nope + rope)
+};
+
+int64_t mla_expanded_scratch_floats(int64_t N, int64_t T);
+void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
+                         const float* k_rot, int64_t N, float* o, float* scratch);
+
+int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T);
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
+                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch);
+
+}  // namespace attnres
