@@ -6,6 +6,8 @@
 
 #include "command.h"
 #include "config/config.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
 
 namespace attnres::cli {
 namespace {
@@ -81,6 +83,139 @@ void print_schedule(const ModelConfig& c) {
   }
 }
 
+// Parameters per part of the model. `stored` counts stored elements (an MXFP4 byte holds two
+// parameters); `logical` counts model parameters (MXFP4 matrices as rows x cols).
+struct PartCount {
+  int64_t logical = 0;
+  int64_t bytes = 0;
+};
+
+class ParamCounter {
+ public:
+  void add(const std::string& part, const TensorView& t) {
+    if (t.data == nullptr && t.nbytes == 0 && t.shape.empty()) return;  // not bound
+    parts_[part].logical += t.numel();
+    parts_[part].bytes += static_cast<int64_t>(t.nbytes);
+  }
+  void add(const std::string& part, const ExpertMatrix& m) {
+    if (!m.mxfp4) return add(part, m.dense);
+    parts_[part].logical += m.rows * m.cols;
+    parts_[part].bytes += static_cast<int64_t>(m.packed.nbytes + m.scale.nbytes);
+  }
+  const std::map<std::string, PartCount>& parts() const { return parts_; }
+
+ private:
+  std::map<std::string, PartCount> parts_;
+};
+
+ParamCounter count_params(const ModelWeights& w) {
+  ParamCounter pc;
+  pc.add("embedding", w.embed);
+  if (!w.config.tie_word_embeddings) pc.add("lm_head", w.lm_head);
+  pc.add("norms", w.final_norm);
+  for (const LayerWeights& l : w.layers) {
+    pc.add("norms", l.input_norm);
+    pc.add("norms", l.post_attn_norm);
+    if (const auto& k = l.kda) {
+      for (const TensorView* t : {&k->q_proj, &k->k_proj, &k->v_proj, &k->q_conv, &k->k_conv,
+                                  &k->v_conv, &k->f_a_proj, &k->f_b_proj, &k->b_proj, &k->g_proj,
+                                  &k->g_a_proj, &k->g_b_proj, &k->dt_bias, &k->o_norm, &k->o_proj})
+        pc.add("kda", *t);
+      pc.add("kda",
+             TensorView{"A_log", DType::kF32, {static_cast<int64_t>(k->a_log.size())}, nullptr, 0});
+    }
+    if (const auto& m = l.mla) {
+      for (const TensorView* t :
+           {&m->q_a_proj, &m->q_a_norm, &m->q_b_proj, &m->q_proj, &m->kv_a_proj, &m->kv_a_norm,
+            &m->kv_b_proj, &m->g_proj, &m->o_proj})
+        pc.add("mla", *t);
+    }
+    if (const auto& d = l.dense) {
+      for (const TensorView* t : {&d->gate, &d->up, &d->down}) pc.add("dense_mlp", *t);
+    }
+    if (const auto& e = l.moe) {
+      pc.add("router", e->gate);
+      pc.add("router", e->gate_bias);
+      for (const ExpertWeights& x : e->experts) {
+        pc.add("routed_experts", x.w1);
+        pc.add("routed_experts", x.w2);
+        pc.add("routed_experts", x.w3);
+      }
+      for (const TensorView* t : {&e->shared_gate, &e->shared_up, &e->shared_down})
+        pc.add("shared_experts", *t);
+      for (const TensorView* t : {&e->latent_down, &e->latent_norm, &e->latent_up})
+        pc.add("latent_projections", *t);
+    }
+  }
+  return pc;
+}
+
+nlohmann::json weights_json(const ModelWeights& w) {
+  const BindReport& r = w.report;
+  nlohmann::json j;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : w.files) files.push_back(f->path());
+  j["files"] = files;
+  j["bytes_mapped"] = r.bytes_mapped;
+  j["tensors_in_files"] = r.tensors_in_files;
+  j["tensors_bound"] = r.tensors_bound;
+  j["missing_tensors"] = 0;  // any missing tensor fails the load
+  j["extra_tensors"] = r.extra_tensors;
+  j["extra_examples"] = r.extra_examples;
+  j["params_by_dtype"] = r.params_by_dtype;
+  j["bytes_by_dtype"] = r.bytes_by_dtype;
+  int64_t stored = 0, bytes = 0;
+  for (const auto& [k, v] : r.params_by_dtype) stored += v;
+  for (const auto& [k, v] : r.bytes_by_dtype) bytes += v;
+  j["stored_elements"] = stored;
+  j["bytes_bound"] = bytes;
+  const ParamCounter pc = count_params(w);
+  int64_t logical = 0;
+  nlohmann::json parts = nlohmann::json::object();
+  for (const auto& [name, c] : pc.parts()) {
+    parts[name] = {{"params", c.logical}, {"bytes", c.bytes}};
+    logical += c.logical;
+  }
+  j["params"] = logical;
+  j["params_by_part"] = parts;
+  return j;
+}
+
+std::string human_bytes(int64_t b) {
+  char buf[64];
+  const double v = static_cast<double>(b);
+  if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2f MB", v / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f kB", v / 1e3);
+  return buf;
+}
+
+void print_weights(const nlohmann::json& j) {
+  std::printf("\nweights       %zu file(s), %s mapped\n", j["files"].size(),
+              human_bytes(j["bytes_mapped"].get<int64_t>()).c_str());
+  for (const auto& f : j["files"]) std::printf("  %s\n", f.get<std::string>().c_str());
+  std::printf("tensors       %lld in files, %lld bound, 0 missing, %lld extra\n",
+              static_cast<long long>(j["tensors_in_files"].get<int64_t>()),
+              static_cast<long long>(j["tensors_bound"].get<int64_t>()),
+              static_cast<long long>(j["extra_tensors"].get<int64_t>()));
+  for (const auto& e : j["extra_examples"])
+    std::printf("  extra: %s\n", e.get<std::string>().c_str());
+  std::printf("params        %lld (%s bound)\n", static_cast<long long>(j["params"].get<int64_t>()),
+              human_bytes(j["bytes_bound"].get<int64_t>()).c_str());
+  std::printf("%-14s %16s %14s\n", "dtype", "elements", "bytes");
+  for (const auto& [dt, n] : j["params_by_dtype"].items())
+    std::printf("%-14s %16lld %14lld\n", dt.c_str(), static_cast<long long>(n.get<int64_t>()),
+                static_cast<long long>(j["bytes_by_dtype"][dt].get<int64_t>()));
+  std::printf("%-20s %16s %14s\n", "part", "params", "bytes");
+  for (const auto& [part, c] : j["params_by_part"].items())
+    std::printf("%-20s %16lld %14lld\n", part.c_str(),
+                static_cast<long long>(c["params"].get<int64_t>()),
+                static_cast<long long>(c["bytes"].get<int64_t>()));
+}
+
 struct InspectArgs {
   std::string model_dir;
   std::string config;
@@ -90,13 +225,32 @@ struct InspectArgs {
 int run_inspect(const InspectArgs& a) {
   if (a.model_dir.empty() == a.config.empty())
     return fail("inspect: give exactly one of MODEL_DIR or --config FILE");
-  const std::string config_path = a.config.empty() ? a.model_dir + "/config.json" : a.config;
-  auto cfg = load_model_config(config_path);
-  if (!cfg) return fail(cfg.status().to_string());
+  if (!a.config.empty()) {
+    auto cfg = load_model_config(a.config);
+    if (!cfg) return fail(cfg.status().to_string());
+    if (a.json) {
+      std::cout << schedule_json(*cfg).dump(2) << "\n";
+    } else {
+      print_schedule(*cfg);
+    }
+    return 0;
+  }
+  // A model directory: the config and every tensor must bind.
+  auto w = load_model(a.model_dir);
+  if (!w) return fail(w.status().to_string());
+  nlohmann::json wj = weights_json(*w);
   if (a.json) {
-    std::cout << schedule_json(*cfg).dump(2) << "\n";
+    nlohmann::json j = schedule_json(w->config);
+    j["model_dir"] = a.model_dir;
+    j["weights"] = wj;
+    j["params"] = wj["params"];
+    j["params_by_dtype"] = wj["params_by_dtype"];
+    j["bytes_by_dtype"] = wj["bytes_by_dtype"];
+    j["extra_tensors"] = wj["extra_tensors"];
+    std::cout << j.dump(2) << "\n";
   } else {
-    print_schedule(*cfg);
+    print_schedule(w->config);
+    print_weights(wj);
   }
   return 0;
 }
