@@ -12,16 +12,21 @@
 
 namespace attnres {
 
-// Dispatched (fast) path.
+// Dispatched (fast) path: Highway kernels (matmul_hwy.cpp) for the best target this CPU
+// supports, OpenMP over output rows. Accumulation order per output: see matmul_hwy.cpp.
 void matmul(const float* x, int64_t T, const TensorView& W, float* y);
 // Scalar reference: f64-free, f32 accumulation in k order.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y);
 
-// MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0. Computed straight
-// from the packed nibbles; no dequantised copy is kept.
+// MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
+// Computed straight from the packed nibbles; no dequantised copy is kept.
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
                   int64_t K, float* y);
 void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                       int64_t N, int64_t K, float* y);
+
+// Name of the Highway target the dispatched kernels run on here ("AVX3" = AVX-512, "AVX2",
+// "SSE4", "SSSE3", "SCALAR"); chosen once from the CPU's features.
+const char* matmul_simd_target();
 
 }  // namespace attnres

@@ -1,5 +1,6 @@
-// Scalar reference projections (define the numerics) and, until SIMD kernels land, the
-// dispatched entry points, parallel over output rows with OpenMP.
+// Scalar reference projections: they define the numerics (f32 products of the exactly widened
+// weights, accumulated sequentially in k order, no fma). Single-threaded and slow by design; the
+// dispatched kernels in matmul_hwy.cpp are tested against them.
 #include <cstring>
 
 #include "kernels/matmul.h"
@@ -37,40 +38,6 @@ void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const ui
   matmul_rows(x, T, N, K, y, [=](int64_t n, int64_t k) {
     return mxfp4_get(packed + n * (K / 2), scale + n * (K / kMxfp4BlockSize), k);
   });
-}
-
-void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
-  const int64_t N = W.shape[0], K = W.shape[1];
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xr = x + t * K;
-      float acc = 0.0f;
-      if (W.dtype == DType::kBF16) {
-        const bf16* w = W.as<bf16>() + n * K;
-        for (int64_t k = 0; k < K; ++k) acc += xr[k] * bf16_to_f32(w[k]);
-      } else {
-        const float* w = W.as<float>() + n * K;
-        for (int64_t k = 0; k < K; ++k) acc += xr[k] * w[k];
-      }
-      y[t * N + n] = acc;
-    }
-  }
-}
-
-void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
-                  int64_t K, float* y) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const uint8_t* pr = packed + n * (K / 2);
-    const uint8_t* sr = scale + n * (K / kMxfp4BlockSize);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xr = x + t * K;
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += xr[k] * mxfp4_get(pr, sr, k);
-      y[t * N + n] = acc;
-    }
-  }
 }
 
 }  // namespace attnres

@@ -1,0 +1,342 @@
+// Dispatched projections y = x W^T (matmul.h) with Highway runtime dispatch: one copy of the
+// kernels per compiled target (AVX3 = AVX-512, AVX2, SSE4, SSSE3, SCALAR), chosen once per
+// process from the CPU's features. No -march flags: foreach_target.h recompiles this file with
+// per-function target attributes.
+//
+// Numerics (the contract the tests in tests/unit/kernels/test_matmul.cpp check):
+//  - Every output y[t, n] is one dot product over k, computed by exactly one thread with L f32
+//    lane accumulators (L = vector width of the chosen target): lane j accumulates
+//    fma(x[k], w[k], acc) for k = j, j + L, j + 2L, ... in increasing k, then the lanes are
+//    summed by the target's SumOfLanes. The tail k >= floor(K/L)*L is one more step with both
+//    operands zero-padded. This sequence depends only on (K, L), never on T, N, the tile an
+//    element falls in or the thread count, so results are bitwise thread-count invariant and a
+//    token gives the same bits in a T = 1 (decode) call as inside a T > 1 (prefill) call.
+//  - The scalar reference (matmul_ref.cpp) accumulates sequentially in k order without fma; both
+//    are within the classic bound |y - y_exact| <= gamma_K * sum_k |x_k w_k| (gamma_K ~ K u,
+//    u = 2^-24), so |y - y_ref| <= (K + K/L + log2 L + 2) u sum_k |x_k w_k|; when every partial
+//    sum is exactly representable (small integers, powers of two) both are exact and equal.
+//  - Weights are widened exactly (bf16 -> f32 is a shift; an MXFP4 element is an integer in
+//    [-12, 12] times 2^(s-128), exactly the reference's E2M1 value times its E8M0 scale, or the
+//    same inf/NaN). MXFP4 code 8 (-0.0) decodes to +0.0: every accumulator starts at +0.0 and
+//    round-to-nearest never turns +0 into -0 by adding a zero, so the sign of a zero product
+//    cannot reach y.
+//
+// Blocking: OpenMP static partition over blocks of output rows (N). Inside a block, a group of
+// kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to kMR
+// tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
+// vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
+// streams each weight row exactly once. MXFP4 rows are decoded one 32-element block at a time
+// into a stack buffer (table lookup of the nibbles, times the block scale) and used for every
+// token of the tile; no dequantised copy of a matrix is ever made.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/matmul.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+#if HWY_TARGET == HWY_AVX3
+// 32 vector registers: 4 tokens x 6 rows = 24 accumulators + 6 weight vectors + 1 token vector.
+constexpr int kMR = 4;
+constexpr int kNR = 6;
+#elif HWY_TARGET == HWY_SCALAR
+constexpr int kMR = 2;
+constexpr int kNR = 4;
+#else
+// 16 vector registers: 3 x 3 = 9 accumulators + 3 weight vectors + 1 token vector.
+constexpr int kMR = 3;
+constexpr int kNR = 3;
+#endif
+constexpr size_t kMaxLanes = hn::MaxLanes(DF());
+
+// f32 weight rows.
+struct F32Rows {
+  const float* w;
+  int64_t K;
+  static constexpr int64_t kBytesPerElem = 4;
+  HWY_INLINE VF Load(DF df, int64_t n, int64_t k) const { return hn::LoadU(df, w + n * K + k); }
+  HWY_INLINE VF LoadTail(DF df, int64_t n, int64_t k) const {
+    HWY_ALIGN float buf[kMaxLanes] = {};
+    std::memcpy(buf, w + n * K + k, static_cast<size_t>(K - k) * sizeof(float));
+    return hn::Load(df, buf);
+  }
+};
+
+// bf16 weight rows, widened exactly (bf16 is the high half of an f32).
+struct Bf16Rows {
+  const uint16_t* w;
+  int64_t K;
+  static constexpr int64_t kBytesPerElem = 2;
+  HWY_INLINE VF Widen(DF df, const uint16_t* p) const {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<uint32_t, DF> du32;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
+  }
+  HWY_INLINE VF Load(DF df, int64_t n, int64_t k) const { return Widen(df, w + n * K + k); }
+  HWY_INLINE VF LoadTail(DF df, int64_t n, int64_t k) const {
+    HWY_ALIGN uint16_t buf[kMaxLanes] = {};
+    std::memcpy(buf, w + n * K + k, static_cast<size_t>(K - k) * sizeof(uint16_t));
+    return Widen(df, buf);
+  }
+};
+
+HWY_INLINE VF LoadTokenTail(DF df, const float* x, int64_t k, int64_t K) {
+  HWY_ALIGN float buf[kMaxLanes] = {};
+  std::memcpy(buf, x + k, static_cast<size_t>(K - k) * sizeof(float));
+  return hn::Load(df, buf);
+}
+
+// y[m, r] (m < MR tokens starting at x, r < NR rows starting at n0) for dense weight rows.
+// x rows are K apart; y rows are ldy apart.
+template <int MR, int NR, class Rows>
+HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& rows, int64_t n0,
+                            float* HWY_RESTRICT y, int64_t ldy) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + L <= K; k += L) {
+    VF wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = rows.Load(df, n0 + r, k);
+    for (int m = 0; m < MR; ++m) {
+      const VF xv = hn::LoadU(df, x + m * K + k);
+      for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {  // zero-padded tail step (see the header: same for every element)
+    VF wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = rows.LoadTail(df, n0 + r, k);
+    for (int m = 0; m < MR; ++m) {
+      const VF xv = LoadTokenTail(df, x + m * K, k, K);
+      for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
+}
+
+// ------------------------------------------------------------------------------------------
+// MXFP4
+
+// 0.5 * 2^(s - 127) = 2^(s - 128) for an E8M0 scale byte s, as an f32 (s = 0 and 1 give the
+// subnormals 2^-128 and 2^-127, s = 255 NaN). Multiplying the doubled E2M1 integer by it reproduces
+// kE2m1Values[code] * e8m0_to_f32(s) exactly (both are exact or both overflow to inf).
+HWY_INLINE float HalfScale(uint8_t s) {
+  if (s == 255) return std::bit_cast<float>(0x7fc00000u);
+  if (s <= 1) return std::bit_cast<float>(0x00200000u << s);
+  return std::bit_cast<float>(static_cast<uint32_t>(s - 1) << 23);
+}
+
+// Twice the E2M1 value of each code (exact small integers; code 8, -0.0, becomes 0).
+alignas(16) constexpr int8_t kE2m1Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                                 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Decodes one 32-element block (16 packed bytes, low nibble first) into out[0..32) as f32.
+HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, float* HWY_RESTRICT out) {
+  const DF df;
+  const size_t L = hn::Lanes(df);
+  const VF scale = hn::Set(df, HalfScale(s));
+#if HWY_TARGET == HWY_SCALAR
+  (void)L;
+  for (int i = 0; i < 16; ++i) {
+    out[2 * i] = static_cast<float>(kE2m1Doubled[p[i] & 0x0f]) * hn::GetLane(scale);
+    out[2 * i + 1] = static_cast<float>(kE2m1Doubled[p[i] >> 4]) * hn::GetLane(scale);
+  }
+#else
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<int8_t> di8;
+  const auto bytes = hn::LoadU(d8, p);
+  const auto lo = hn::And(bytes, hn::Set(d8, 0x0f));  // even k
+  const auto hi = hn::ShiftRight<4>(bytes);           // odd k
+  const auto lut = hn::Load(di8, kE2m1Doubled);
+  // Interleaving restores k order: codes for k = 0..15, then 16..31.
+  HWY_ALIGN int8_t vals[32];
+  hn::Store(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveLower(d8, lo, hi))), di8,
+            vals);
+  hn::Store(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveUpper(d8, lo, hi))), di8,
+            vals + 16);
+  const hn::Rebind<int8_t, DF> d8f;
+  const hn::Rebind<int32_t, DF> di32;
+  for (size_t j = 0; j < 32; j += L) {
+    const VF v = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(d8f, vals + j)));
+    hn::Store(hn::Mul(v, scale), df, out + j);
+  }
+#endif
+}
+
+template <int MR, int NR>
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* packed,
+                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  VF acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
+  HWY_ALIGN float wd[NR][kMxfp4BlockSize];  // decoded block of each row
+  for (int64_t b = 0; b < row_scales; ++b) {
+    for (int r = 0; r < NR; ++r)
+      DecodeBlock(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b], wd[r]);
+    const int64_t k0 = b * kMxfp4BlockSize;
+    for (int64_t j = 0; j < kMxfp4BlockSize; j += L) {
+      VF wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wd[r] + j);
+      for (int m = 0; m < MR; ++m) {
+        const VF xv = hn::LoadU(df, x + m * K + k0 + j);
+        for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
+}
+
+// ------------------------------------------------------------------------------------------
+// Drivers
+
+// Calls tile(mr_const, nr_const, t, n) with compile-time tile sizes for a runtime (mr, nr):
+// full tiles use (kMR, kNR); edges use (mr, kNR) or single rows.
+template <int MR, class Tile>
+HWY_INLINE void TileRows(const Tile& tile, int64_t t, int64_t n, int nr) {
+  if (nr == kNR) {
+    tile(std::integral_constant<int, MR>(), std::integral_constant<int, kNR>(), t, n);
+  } else {
+    for (int r = 0; r < nr; ++r)
+      tile(std::integral_constant<int, MR>(), std::integral_constant<int, 1>(), t, n + r);
+  }
+}
+
+template <int MR = kMR, class Tile>
+HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) {
+  if constexpr (MR == 1) {
+    TileRows<1>(tile, t, n, nr);
+  } else {
+    if (mr == MR) {
+      TileRows<MR>(tile, t, n, nr);
+    } else {
+      TileAny<MR - 1>(tile, t, n, mr, nr);
+    }
+  }
+}
+
+// Walks the [T, N] output in blocks (see the header) and calls tile() on each register tile.
+// bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
+template <class Tile>
+void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& tile) {
+  // Rows per parallel block: ~192 KiB of weights, at least one full row group, and at least
+  // 4 blocks per thread when N allows it (load balance). Only the partition depends on the
+  // thread count; the per-element arithmetic does not (see the header).
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  int64_t nb = std::max<int64_t>(kNR, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
+  const int64_t balanced = (N + 4 * threads - 1) / (4 * threads);
+  nb = std::min(nb, std::max<int64_t>(balanced, kNR));
+  nb = (nb + kNR - 1) / kNR * kNR;
+  // Tokens per block: ~512 KiB of f32 token rows (L2) per pass over a row group.
+  int64_t tb = std::max<int64_t>(kMR, (512 << 10) / std::max<int64_t>(K * 4, 1));
+  tb = tb / kMR * kMR;
+  const int64_t num_blocks = (N + nb - 1) / nb;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t n_begin = blk * nb, n_end = std::min(N, n_begin + nb);
+    for (int64_t t0 = 0; t0 < T; t0 += tb) {
+      const int64_t t_end = std::min(T, t0 + tb);
+      for (int64_t n = n_begin; n < n_end; n += kNR) {
+        const int nr = static_cast<int>(std::min<int64_t>(kNR, n_end - n));
+        for (int64_t t = t0; t < t_end; t += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, t_end - t));
+          TileAny(tile, t, n, mr, nr);
+        }
+      }
+    }
+  }
+}
+
+template <class Rows>
+void DenseMatmul(const float* x, int64_t T, const Rows& rows, int64_t N, float* y) {
+  const int64_t K = rows.K;
+  Drive(T, N, K, K * Rows::kBytesPerElem, [&](auto mr, auto nr, int64_t t, int64_t n) {
+    DenseTile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, rows, n, y + t * N + n, N);
+  });
+}
+
+void MatmulF32(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
+  DenseMatmul(x, T, F32Rows{w, K}, N, y);
+}
+
+void MatmulBf16(const float* x, int64_t T, const uint16_t* w, int64_t N, int64_t K, float* y) {
+  DenseMatmul(x, T, Bf16Rows{w, K}, N, y);
+}
+
+void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
+                 int64_t K, float* y) {
+  Drive(T, N, K, K / 2 + K / kMxfp4BlockSize, [&](auto mr, auto nr, int64_t t, int64_t n) {
+    Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, packed, scale, n,
+                                                        y + t * N + n, N);
+  });
+}
+
+int64_t ChosenTarget() {
+  return HWY_TARGET;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(MatmulF32);
+HWY_EXPORT(MatmulBf16);
+HWY_EXPORT(Mxfp4Matmul);
+HWY_EXPORT(ChosenTarget);
+
+void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
+  assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
+  const int64_t N = W.shape[0], K = W.shape[1];
+  if (T <= 0 || N <= 0) return;
+  if (W.dtype == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(MatmulBf16)(x, T, reinterpret_cast<const uint16_t*>(W.data), N, K, y);
+  } else {
+    HWY_DYNAMIC_DISPATCH(MatmulF32)(x, T, W.as<float>(), N, K, y);
+  }
+}
+
+void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
+                  int64_t K, float* y) {
+  assert(K % kMxfp4BlockSize == 0);
+  if (T <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(Mxfp4Matmul)(x, T, packed, scale, N, K, y);
+}
+
+const char* matmul_simd_target() {
+  return hwy::TargetName(HWY_DYNAMIC_DISPATCH(ChosenTarget)());
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE
