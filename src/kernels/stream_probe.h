@@ -1,0 +1,44 @@
+// STREAM-style memory-bandwidth probe: the hardware limit that decode GEMV, the AttnRes read and
+// `attnres bench` are measured against.
+//
+// Contract: stream_probe() allocates three f64 arrays of `array_bytes` each (default: 4x the
+// last-level cache, at least 64 MiB), first-touches them from the threads that will use them
+// (OpenMP static partition, the same one the kernels use), then times `reps` passes of each
+// kernel and reports the best pass as GB/s (1 GB = 1e9 bytes):
+//   copy:  c[i] = a[i]                 counts 2 arrays of traffic (STREAM convention, no
+//   triad: a[i] = b[i] + s * c[i]      counts 3 arrays              write-allocate traffic)
+//   read:  sum += a[i]                 counts 1 array (the access pattern of a GEMV: a pure
+//                                      streaming read; the limit decode GEMV is held to)
+// The arrays' final contents are checked against the closed-form values (as STREAM does), and
+// a mismatch is an error. Not thread-safe with itself (it saturates the machine by design).
+#pragma once
+
+#include <cstddef>
+
+#include "util/status.h"
+
+namespace attnres {
+
+struct StreamOptions {
+  size_t array_bytes = 0;  // bytes per array; 0: 4 x last-level cache, at least 64 MiB
+  int reps = 5;            // timed passes per kernel (best is reported); >= 1
+  int threads = 0;         // OpenMP threads; 0: omp_get_max_threads()
+};
+
+struct StreamResult {
+  double copy_gb_s = 0.0;
+  double triad_gb_s = 0.0;
+  double read_gb_s = 0.0;
+  size_t array_bytes = 0;  // bytes per array actually used
+  int threads = 0;
+  int reps = 0;
+};
+
+// Last-level cache size in bytes from sysconf/sysfs, or 32 MiB if the OS does not say.
+size_t last_level_cache_bytes();
+
+// Runs the probe. Errors: kInvalidArgument (reps < 1, array_bytes below 1 KiB), kInternal
+// (a result array does not hold the expected values).
+Result<StreamResult> stream_probe(const StreamOptions& options = {});
+
+}  // namespace attnres
