@@ -1,0 +1,285 @@
+#include "model/blocks.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/kda.h"
+#include "kernels/matmul.h"
+#include "kernels/mla.h"
+#include "kernels/norm.h"
+#include "kernels/router.h"
+
+namespace attnres {
+namespace {
+
+// y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
+void project(const float* x, int64_t T, const Matrix& W, bool bf16_out, float* y) {
+  matmul(x, T, W, y);
+  round_to_bf16(y, T * W.shape[0], bf16_out);
+}
+
+void project_expert(const float* x, int64_t T, const ExpertMatrix& m, bool bf16_out, float* y) {
+  if (m.mxfp4) {
+    mxfp4_matmul(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y);
+  } else {
+    matmul(x, T, m.dense, y);
+  }
+  round_to_bf16(y, T * m.rows, bf16_out);
+}
+
+// A 1-D F32/BF16 tensor widened into arena memory.
+float* widen(const TensorView& t, Arena& arena) {
+  const int64_t n = t.numel();
+  float* out = arena.take<float>(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = t.get_f32(i);
+  return out;
+}
+
+void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
+                      bool bf16_out, float* out) {
+  if (c.hidden_act == Activation::kSitu)
+    situ(gate, up, n, c.situ_beta, c.situ_linear_beta, bf16_out, out);
+  else
+    silu_mul(gate, up, n, bf16_out, out);
+}
+
+// down(act(gate(x), up(x))) over a [T, d] input; out [T, d] must not alias x.
+void gated_mlp(const ModelConfig& c, const Matrix& gate, const Matrix& up, const Matrix& down,
+               const float* x, int64_t T, bool bf16, Arena& arena, float* out) {
+  const int64_t I = gate.shape[0];
+  float* g = arena.take<float>(T * I);  // [T, I]
+  float* u = arena.take<float>(T * I);  // [T, I]
+  project(x, T, gate, bf16, g);
+  project(x, T, up, bf16, u);
+  gated_activation(c, g, u, T * I, bf16, g);
+  project(g, T, down, bf16, out);
+}
+
+}  // namespace
+
+void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t T,
+               KdaState& state, const ForwardOptions& opt, Arena& arena, float* out) {
+  const bool bf16 = opt.bf16();
+  const int64_t d = c.hidden_size, H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;
+  const int64_t P = H * dk;
+  const int W = c.linear.short_conv_kernel_size;
+  float* q = arena.take<float>(T * P);       // [T, H, dk]
+  float* k = arena.take<float>(T * P);       // [T, H, dk]
+  float* v = arena.take<float>(T * H * dv);  // [T, H, dv]
+  project(x, T, w.q_proj, bf16, q);
+  project(x, T, w.k_proj, bf16, k);
+  project(x, T, w.v_proj, bf16, v);
+  causal_conv1d_silu(q, T, P, widen(w.q_conv, arena), W, state.conv_q.data(), q);
+  causal_conv1d_silu(k, T, P, widen(w.k_conv, arena), W, state.conv_k.data(), k);
+  causal_conv1d_silu(v, T, H * dv, widen(w.v_conv, arena), W, state.conv_v.data(), v);
+  round_to_bf16(q, T * P, bf16);
+  round_to_bf16(k, T * P, bf16);
+  round_to_bf16(v, T * H * dv, bf16);
+  // fla's use_qk_l2norm_in_kernel: f32 L2 norm per head, q scaled by dk^-1/2.
+  l2_norm(q, T * H, dk, ModelConfig::kKdaL2NormEps, 1.0f / std::sqrt(static_cast<float>(dk)), q);
+  l2_norm(k, T * H, dk, ModelConfig::kKdaL2NormEps, 1.0f, k);
+
+  // Forget gate g [T, H, dk] (log decay, f32).
+  float* fa = arena.take<float>(T * dk);  // [T, dk]
+  float* g = arena.take<float>(T * P);    // [T, H*dk]
+  project(x, T, w.f_a_proj, bf16, fa);
+  project(fa, T, w.f_b_proj, bf16, g);
+  const float* dt_bias = widen(w.dt_bias, arena);
+  if (opt.mis.per_channel_a_log) {
+    // Misreading: the padded A_log [head_dim] taken per channel within each head.
+    float* f = arena.take<float>(T * P);
+    std::memcpy(f, g, sizeof(float) * static_cast<size_t>(T * P));
+    float one_head[1];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < dk; ++i) {
+          one_head[0] = i < H ? w.a_log[static_cast<size_t>(i)] : 0.0f;
+          const int64_t ci = h * dk + i;
+          kda_gate(f + t * P + ci, 1, 1, 1, one_head, dt_bias + ci, c.linear.gate_lower_bound,
+                   g + t * P + ci);
+        }
+  } else {
+    kda_gate(g, T, H, dk, w.a_log.data(), dt_bias, c.linear.gate_lower_bound, g);
+  }
+  float* beta = arena.take<float>(T * H);  // [T, H]
+  matmul(x, T, w.b_proj, beta);
+  round_to_bf16(beta, T * H, bf16);  // b_proj output is bf16; sigmoid in f32
+  for (int64_t i = 0; i < T * H; ++i) beta[i] = sigmoidf(beta[i]);
+
+  float* o = arena.take<float>(T * H * dv);  // [T, H, dv]
+  if (T == 1 || opt.kda_recurrent) {
+    kda_recurrent(q, k, v, g, beta, T, H, dk, dv, state.recurrent.data(), o);
+  } else {
+    const int64_t chunk = std::max<int64_t>(1, opt.kda_chunk);
+    float* scratch = arena.take<float>(kda_chunk_scratch_floats(H, chunk, dk, dv));
+    kda_chunked(q, k, v, g, beta, T, H, dk, dv, chunk, state.recurrent.data(), o, scratch);
+  }
+  round_to_bf16(o, T * H * dv, bf16);
+
+  float* gate = arena.take<float>(T * H * dv);  // [T, H*dv]
+  if (c.linear.use_full_rank_gate) {
+    project(x, T, w.g_proj, bf16, gate);
+  } else {
+    float* ga = arena.take<float>(T * dv);
+    project(x, T, w.g_a_proj, bf16, ga);
+    project(ga, T, w.g_b_proj, bf16, gate);
+  }
+  gated_rms_norm(o, gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, o);
+  project(o, T, w.o_proj, bf16, out);
+  (void)d;
+}
+
+void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_t T,
+               LatentCache& cache, const ForwardOptions& opt, Arena& arena, float* out) {
+  const bool bf16 = opt.bf16();
+  MlaDims md;
+  md.H = c.num_attention_heads;
+  md.nope = c.qk_nope_head_dim;
+  md.rope = c.qk_rope_head_dim;
+  md.v = c.v_head_dim;
+  md.r = c.kv_lora_rank;
+  md.scale = 1.0f / std::sqrt(static_cast<float>(md.nope + md.rope));
+  const int64_t qw = md.nope + md.rope;
+  const float eps = ModelConfig::kMlaLatentNormEps;
+
+  float* q = arena.take<float>(T * md.H * qw);  // [T, H, nope + rope]
+  if (c.q_lora_rank > 0) {
+    float* cq = arena.take<float>(T * c.q_lora_rank);  // [T, r_q]
+    project(x, T, w.q_a_proj, bf16, cq);
+    rms_norm(cq, T, c.q_lora_rank, w.q_a_norm, eps, bf16, cq);
+    project(cq, T, w.q_b_proj, bf16, q);
+  } else {
+    project(x, T, w.q_proj, bf16, q);
+  }
+  // [c_kv | k_rot] per token, then c_kv normalised; the cache gets the normalised latents.
+  const int64_t kvw = md.r + md.rope;
+  float* kva = arena.take<float>(T * kvw);        // [T, r + rope]
+  float* c_kv = arena.take<float>(T * md.r);      // [T, r]
+  float* k_rot = arena.take<float>(T * md.rope);  // [T, rope]
+  project(x, T, w.kv_a_proj, bf16, kva);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(c_kv + t * md.r, kva + t * kvw, sizeof(float) * static_cast<size_t>(md.r));
+    std::memcpy(k_rot + t * md.rope, kva + t * kvw + md.r,
+                sizeof(float) * static_cast<size_t>(md.rope));
+  }
+  rms_norm(c_kv, T, md.r, w.kv_a_norm, eps, bf16, c_kv);
+  cache.append(c_kv, k_rot, T);
+
+  // The whole context as stored (dequantised), so one-shot and chunked prefill and decode all
+  // attend to the same values.
+  const int64_t N = cache.size();
+  float* ctx_c = arena.take<float>(N * md.r);     // [N, r]
+  float* ctx_k = arena.take<float>(N * md.rope);  // [N, rope]
+  cache.read(N, ctx_c, ctx_k);
+  float* o = arena.take<float>(T * md.H * md.v);  // [T, H, v]
+  if (T == 1 || opt.mla_absorbed) {
+    float* scratch = arena.take<float>(mla_absorbed_scratch_floats(md, N, T));
+    mla_attend_absorbed(md, q, T, ctx_c, ctx_k, N, w.kv_b_proj, o, scratch);
+  } else {
+    float* kv = arena.take<float>(N * md.H * (md.nope + md.v));  // [N, H, nope + v]
+    project(ctx_c, N, w.kv_b_proj, bf16, kv);
+    float* scratch = arena.take<float>(mla_expanded_scratch_floats(N, T));
+    mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
+  }
+  round_to_bf16(o, T * md.H * md.v, bf16);
+  if (w.g_proj.data != nullptr) {
+    float* gate = arena.take<float>(T * md.H * md.v);  // [T, H*v]
+    project(x, T, w.g_proj, bf16, gate);
+    for (int64_t i = 0; i < T * md.H * md.v; ++i) o[i] *= sigmoidf(gate[i]);
+    round_to_bf16(o, T * md.H * md.v, bf16);
+  }
+  project(o, T, w.o_proj, bf16, out);
+}
+
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
+               const ForwardOptions& opt, Arena& arena, float* out) {
+  const bool bf16 = opt.bf16();
+  const int64_t d = c.hidden_size, E = c.num_experts, K = c.num_experts_per_token;
+  const int64_t I = c.moe_intermediate_size;
+  const bool latent = c.routed_expert_hidden_size.has_value();
+  const int64_t r = latent ? *c.routed_expert_hidden_size : d;
+
+  // Router: f32 logits over the full-width input (x.float() @ W_r.float()).
+  float* logits = arena.take<float>(T * E);  // [T, E]
+  matmul(x, T, w.gate, logits);
+  int32_t* ids = arena.take<int32_t>(T * K);  // [T, K]
+  float* wts = arena.take<float>(T * K);      // [T, K]
+  RouterOptions ro;
+  ro.top_k = K;
+  ro.renormalize = c.moe_renormalize;
+  ro.scaling = c.routed_scaling_factor;
+  ro.bias_in_weights = opt.mis.router_bias_in_weights;
+  float* router_scratch = arena.take<float>(T * E);
+  route_sigmoid_topk(logits, w.gate_bias.data ? widen(w.gate_bias, arena) : nullptr, T, E, ro, ids,
+                     wts, router_scratch);
+
+  // Routed branch in the latent space.
+  const float* z = x;  // [T, r]
+  if (latent) {
+    float* zl = arena.take<float>(T * r);
+    project(x, T, w.latent_down, bf16, zl);
+    z = zl;
+  }
+  float* y = arena.take<float>(T * r);  // [T, r] f32 accumulation of the weighted experts
+  std::fill(y, y + T * r, 0.0f);
+  // Token lists per expert (counting sort), so each expert runs once over its tokens; experts
+  // are visited in index order, which fixes every token's summation order.
+  int64_t* count = arena.take<int64_t>(E + 1);
+  std::fill(count, count + E + 1, 0);
+  for (int64_t i = 0; i < T * K; ++i) ++count[ids[i] + 1];
+  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
+  int64_t* fill = arena.take<int64_t>(E);
+  std::copy(count, count + E, fill);
+  int64_t* slot_of = arena.take<int64_t>(T * K);  // grouped position -> flat (t * K + s)
+  for (int64_t i = 0; i < T * K; ++i) slot_of[fill[ids[i]]++] = i;
+  const int64_t max_rows = T;                   // an expert is chosen at most once per token
+  float* zg = arena.take<float>(max_rows * r);  // [n, r] gathered inputs
+  float* h1 = arena.take<float>(max_rows * I);  // [n, I]
+  float* h3 = arena.take<float>(max_rows * I);  // [n, I]
+  float* eo = arena.take<float>(max_rows * r);  // [n, r]
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = count[e], n = count[e + 1] - begin;
+    if (n == 0) continue;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = slot_of[begin + j] / K;
+      std::memcpy(zg + j * r, z + t * r, sizeof(float) * static_cast<size_t>(r));
+    }
+    const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
+    project_expert(zg, n, ew.w1, bf16, h1);
+    project_expert(zg, n, ew.w3, bf16, h3);
+    gated_activation(c, h1, h3, n * I, bf16, h1);
+    project_expert(h1, n, ew.w2, bf16, eo);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t flat = slot_of[begin + j], t = flat / K;
+      const float wt = wts[flat];
+      for (int64_t i = 0; i < r; ++i) y[t * r + i] += wt * eo[j * r + i];
+    }
+  }
+  round_to_bf16(y, T * r, bf16);
+
+  float* routed = y;  // [T, d]
+  if (latent) {
+    if (w.latent_norm.data != nullptr) rms_norm(y, T, r, w.latent_norm, c.rms_norm_eps, bf16, y);
+    routed = arena.take<float>(T * d);
+    project(y, T, w.latent_up, bf16, routed);
+  }
+  if (c.num_shared_experts > 0) {
+    float* shared = arena.take<float>(T * d);  // [T, d]
+    gated_mlp(c, w.shared_gate, w.shared_up, w.shared_down, x, T, bf16, arena, shared);
+    for (int64_t i = 0; i < T * d; ++i) out[i] = routed[i] + shared[i];
+  } else {
+    std::memcpy(out, routed, sizeof(float) * static_cast<size_t>(T * d));
+  }
+  round_to_bf16(out, T * d, bf16);
+}
+
+void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
+                     const ForwardOptions& opt, Arena& arena, float* out) {
+  const int64_t d = c.hidden_size;
+  float* tmp = arena.take<float>(T * d);  // [T, d] so that out may alias x
+  gated_mlp(c, w.gate, w.up, w.down, x, T, opt.bf16(), arena, tmp);
+  std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(T * d));
+}
+
+}  // namespace attnres

@@ -1,0 +1,33 @@
+// The model's sublayers over normalised inputs: KDA and MLA attention, the latent MoE and the
+// dense SiTU MLP. Each reads x [T, d] and writes out [T, d]; `out` may alias `x` (every input
+// is consumed into arena scratch before `out` is written). Projections go through matmul() /
+// mxfp4_matmul(); routed experts are computed straight from the MXFP4 nibbles.
+//
+// Semantics: ../shared/docs/k3-model.md sections 3-5 and the golden READMEs; dtype flow per
+// ForwardOptions (options.h). Scratch comes from `arena` (released by the caller).
+#pragma once
+
+#include <cstdint>
+
+#include "io/weights.h"
+#include "model/arena.h"
+#include "model/options.h"
+#include "model/state.h"
+
+namespace attnres {
+
+void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t T,
+               KdaState& state, const ForwardOptions& opt, Arena& arena, float* out);
+
+// Appends the T tokens' latents to `cache` (which must hold exactly the tokens before them)
+// and attends over the whole cache causally.
+void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_t T,
+               LatentCache& cache, const ForwardOptions& opt, Arena& arena, float* out);
+
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
+               const ForwardOptions& opt, Arena& arena, float* out);
+
+void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
+                     const ForwardOptions& opt, Arena& arena, float* out);
+
+}  // namespace attnres

@@ -1,0 +1,47 @@
+// Forward options: activation dtype flow, MLA cache dtype, kernel-form choices, and the
+// deliberate misreadings that tests use to prove the golden data catch them.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace attnres {
+
+// f32: weights as stored, widened; every activation f32 (what the golden data use).
+// bf16: the official bf16 dtype flow. Values are rounded to bf16 where the bf16 HF model holds
+// bf16 tensors: projection outputs, RMSNorm outputs, conv/SiLU outputs, attention outputs, the
+// SiTU output, the AttnRes mixture, and the running sum / residual after every add. Scores,
+// softmax, the KDA gate and state, the router and the MoE combine accumulate in f32.
+enum class ActDtype { kF32, kBF16 };
+// MLA latent cache storage. kAuto = f32 for f32 activations, bf16 for bf16 activations.
+enum class KvCacheDtype { kAuto, kF32, kBF16, kFP8 };
+
+std::string_view act_dtype_name(ActDtype d);
+std::string_view kv_cache_dtype_name(KvCacheDtype d);
+
+// Known misreadings of the model (issue 4 part 5). All false in a correct run; tests switch
+// one on and check that the golden comparison then fails by a wide margin.
+struct Misreadings {
+  bool block_in_sublayers = false;      // commit when (2 i) % B == 0 instead of i % B == 0
+  bool commit_mixture = false;          // bank the pre-attention mixture instead of the running sum
+  bool skip_final_read = false;         // final norm on the running sum, no output mixture
+  bool per_channel_a_log = false;       // A_log indexed by channel within the head (padded tensor)
+  bool router_bias_in_weights = false;  // combine with s + bias instead of s
+};
+
+struct ForwardOptions {
+  ActDtype act = ActDtype::kBF16;
+  KvCacheDtype kv = KvCacheDtype::kAuto;
+  int64_t kda_chunk = 64;      // WY/UT chunk length for multi-token KDA steps
+  bool kda_recurrent = false;  // force the recurrent KDA form for every step (reference)
+  bool mla_absorbed = false;   // force the absorbed MLA form for every step
+  Misreadings mis;
+
+  bool bf16() const { return act == ActDtype::kBF16; }
+  KvCacheDtype cache_dtype() const {
+    if (kv != KvCacheDtype::kAuto) return kv;
+    return act == ActDtype::kF32 ? KvCacheDtype::kF32 : KvCacheDtype::kBF16;
+  }
+};
+
+}  // namespace attnres
