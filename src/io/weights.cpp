@@ -290,6 +290,8 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
                   dims({{"num_experts", E}, {"hidden_size", d}}));
   w.gate_bias =
       b.bind(p + "gate.e_score_correction_bias", Kind::kFloat, {E}, dims({{"num_experts", E}}));
+  // E is only trusted once the router [E, d] exists in the file (it bounds the allocation).
+  if (w.gate.name.empty()) return w;
   w.experts.resize(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
@@ -299,7 +301,12 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
     x.w3 = bind_expert_matrix(b, c, ep + "w3", I, K, "moe_intermediate_size", k_name);
   }
   if (c.num_shared_experts > 0) {
-    const int64_t SI = c.num_shared_experts * I;
+    int64_t SI = 0;
+    if (__builtin_mul_overflow(int64_t{c.num_shared_experts}, I, &SI)) {
+      b.problem(ErrorCode::kInvalidValue,
+                c.source + ": num_shared_experts * moe_intermediate_size overflows");
+      return w;
+    }
     const std::string f = dims({{"num_shared_experts*moe_intermediate_size", SI}});
     w.shared_gate = b.bind(p + "shared_experts.gate_proj.weight", Kind::kFloat, {SI, d},
                            f + ", hidden_size = " + std::to_string(d));

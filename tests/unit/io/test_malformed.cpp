@@ -296,5 +296,35 @@ TEST(Malformed, NoCheckpointInDirectory) {
   expect_load_error(dir, ErrorCode::kIoError, {dir.path(), "model.safetensors"});
 }
 
+// Hostile config values found by fuzz_config: errors (or a valid load), never UB or a huge
+// allocation. These run under UBSan in CI.
+
+TEST(MalformedConfig, HugeLayerCountIsInvalidNotAnAllocation) {
+  TempDir dir;
+  golden_with_config_edit("tiny-a", dir.path(),
+                          [](json& c) { c["text_config"]["num_hidden_layers"] = 2000000000; });
+  expect_load_error(dir, ErrorCode::kInvalidValue, {"num_hidden_layers", "2000000000"});
+}
+
+TEST(MalformedConfig, HeadDimSumBeyondIntIsAShapeError) {
+  TempDir dir;
+  golden_with_config_edit("tiny-a", dir.path(), [](json& c) {
+    c["text_config"]["qk_nope_head_dim"] = 2147483647;
+    c["text_config"]["qk_rope_head_dim"] = 10;
+  });
+  // 4 heads x (2147483647 + 10) rows, computed without overflow.
+  expect_load_error(dir, ErrorCode::kShapeMismatch, {"q_b_proj.weight", "8589934628"});
+}
+
+TEST(MalformedConfig, HugeBlockSizeIsOneBankSlot) {
+  const std::string text = read_bytes(golden_dir("tiny-a") + "/config.json");
+  json cfg = json::parse(text);
+  cfg["text_config"]["attn_res_block_size"] = 2147483647;
+  auto c = parse_model_config(cfg.dump(), "big-block.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->schedule.bank_slots, 1);
+  EXPECT_EQ(c->schedule.commit_layers, std::vector<int>{0});
+}
+
 }  // namespace
 }  // namespace attnres
