@@ -108,8 +108,11 @@ class FieldReader {
   ErrorCode first_code_ = ErrorCode::kOk;
 };
 
+constexpr int kMaxLayers = 1 << 16;
+
 int ceil_div(int a, int b) {
-  return (a + b - 1) / b;
+  // In 64 bits: a + b - 1 overflows int for a huge block size (found by fuzz_config).
+  return static_cast<int>((int64_t{a} + b - 1) / b);
 }
 
 }  // namespace
@@ -298,6 +301,11 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     positive("vocab_size", c.vocab_size);
     positive("hidden_size", c.hidden_size);
     positive("num_hidden_layers", c.num_hidden_layers);
+    // Bounded so the per-layer tables below stay small on hostile input (found by fuzz_config).
+    if (c.num_hidden_layers > kMaxLayers)
+      r.add(ErrorCode::kInvalidValue, "num_hidden_layers",
+            "is " + std::to_string(c.num_hidden_layers) + ", expected at most " +
+                std::to_string(kMaxLayers));
     positive("intermediate_size", c.intermediate_size);
     positive("num_attention_heads", c.num_attention_heads);
     positive("kv_lora_rank", c.kv_lora_rank);
@@ -307,7 +315,7 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     positive("linear_attn_config.head_dim", c.linear.head_dim);
     positive("linear_attn_config.short_conv_kernel_size", c.linear.short_conv_kernel_size);
     if (c.qk_nope_head_dim < 0 || c.qk_rope_head_dim < 0 ||
-        c.qk_nope_head_dim + c.qk_rope_head_dim <= 0)
+        int64_t{c.qk_nope_head_dim} + c.qk_rope_head_dim <= 0)
       r.add(ErrorCode::kInvalidValue, "qk_nope_head_dim",
             "plus qk_rope_head_dim must be > 0 (got " + std::to_string(c.qk_nope_head_dim) + " + " +
                 std::to_string(c.qk_rope_head_dim) + ")");
