@@ -79,7 +79,7 @@ struct LayerResParams {
 struct ForwardParams {
   float res_eps = 0;   // eps of the AttnRes source RMS (config rms_norm_eps)
   float norm_eps = 0;  // eps of input/post-attention/final RMSNorm (config rms_norm_eps)
-  std::vector<LayerResParams> layers;  // one per decoder layer
+  std::vector<LayerResParams> layers;   // one per decoder layer
   std::span<const float> output_query;  // [d] folded final-read query; empty for plain residual
   std::span<const float> final_norm;    // [d] gain of model.norm
 };
@@ -113,8 +113,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // One forward step over tokens.size() <= max_tokens rows.
-  Status run(SublayerRunner& runner, const ForwardParams& params,
-             std::span<const int32_t> tokens, const StepObserver& observer = nullptr);
+  Status run(SublayerRunner& runner, const ForwardParams& params, std::span<const int32_t> tokens,
+             const StepObserver& observer = nullptr);
 
   // Valid after run(): the final normalised hidden state [T, d].
   ActView final_hidden() const;

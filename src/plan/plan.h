@@ -33,7 +33,7 @@ std::string_view policy_name(Policy p);  // "separate", "unrestricted", "preserv
 std::optional<Policy> parse_policy(std::string_view name);
 
 struct Storage {
-  std::string name;   // "slot7", "buf0"
+  std::string name;    // "slot7", "buf0"
   int bank_slot = -1;  // k for bank slot storages
 };
 
@@ -60,7 +60,7 @@ struct Hazard {
   std::string storage_name;
   int victim = -1;  // value destroyed
   std::string victim_name;
-  int written = -1;  // value written
+  int written = -1;          // value written
   std::vector<int> readers;  // steps >= the writing step that read the victim
   std::vector<std::string> reader_names;
 };

@@ -1,0 +1,301 @@
+// Fused AttnRes step (attnres.h) with Highway runtime dispatch (one copy per compiled target,
+// chosen once per process; no -march flags).
+//
+// Per token row (OpenMP static partition over rows; one thread computes a whole row in a fixed
+// order, so the result does not depend on the thread count):
+//   pass 1  rs' = T(rs_in + pending), stored to rs_out (and to the commit slot when it is other
+//           storage); accumulates sum(rs'^2) and dot(rs', q)
+//   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
+//           then scores, softmax (attnres_softmax, shared with the reference)
+//   pass 3  mixture m = T(p_0 v_0 + p_1 v_1 + ...) (separate multiply and add, as the
+//           reference), stored to out; accumulates sum(m^2)
+//   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place
+// Passes 2-4 re-read the row from L1/L2 (at most 9 x d elements per row), so main memory sees
+// each source row once per read.
+//
+// Reductions (dot, sum of squares) use 4 x L lane accumulators with fused multiply-add, combined
+// in a fixed order, then the scalar tail; their order depends only on (d, target).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attnres_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/attnres.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using DI = hn::RebindToSigned<DF>;
+using DU16 = hn::Rebind<uint16_t, DF>;
+
+// Widening loads: bf16 is the high half of an f32, so widening is a shift (exact).
+HWY_INLINE VF LoadF(DF df, const float* p) {
+  return hn::LoadU(df, p);
+}
+HWY_INLINE VF LoadF(DF df, const bf16* p) {
+  const DU du;
+  const DU16 du16;
+  const auto h = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p));
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, h)));
+}
+
+// T(x) kept in f32: for bf16, round to nearest even exactly as f32_to_bf16 (NaN quieted).
+template <typename T>
+HWY_INLINE VF CastT(DF df, VF v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const DU du;
+    const DI di;
+    const auto u = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto hi_mask = hn::Set(du, 0xffff0000u);
+    const auto rounded = hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)), hi_mask);
+    const auto quiet = hn::And(hn::Or(u, hn::Set(du, 0x00400000u)), hi_mask);
+    const auto abs_bits = hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu)));
+    const auto is_nan = hn::RebindMask(du, hn::Gt(abs_bits, hn::Set(di, 0x7f800000)));
+    return hn::BitCast(df, hn::IfThenElse(is_nan, quiet, rounded));
+  } else {
+    (void)df;
+    return v;
+  }
+}
+
+// Stores a value already cast by CastT.
+HWY_INLINE void StoreT(DF df, VF v, float* p) {
+  hn::StoreU(v, df, p);
+}
+HWY_INLINE void StoreT(DF df, VF v, bf16* p) {
+  const DU du;
+  const DI di;
+  const DU16 du16;
+  (void)df;
+  const auto hi = hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, v)));
+  hn::StoreU(hn::DemoteTo(du16, hi), du16, reinterpret_cast<uint16_t*>(p));
+}
+
+template <typename T>
+inline float WidenS(T v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16_to_f32(v);
+  } else {
+    return v;
+  }
+}
+template <typename T>
+inline T NarrowS(float x) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return f32_to_bf16(x);
+  } else {
+    return x;
+  }
+}
+
+// dot(v, q) over d columns: 4 lane accumulators, then the tail.
+template <typename T>
+HWY_INLINE float Dot(const T* v, const float* q, int64_t d) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  int64_t j = 0;
+  for (; j + 4 * N <= d; j += 4 * N) {
+    a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
+    a1 = hn::MulAdd(LoadF(df, v + j + N), hn::LoadU(df, q + j + N), a1);
+    a2 = hn::MulAdd(LoadF(df, v + j + 2 * N), hn::LoadU(df, q + j + 2 * N), a2);
+    a3 = hn::MulAdd(LoadF(df, v + j + 3 * N), hn::LoadU(df, q + j + 3 * N), a3);
+  }
+  for (; j + N <= d; j += N) a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; j < d; ++j) s += WidenS(v[j]) * q[j];
+  return s;
+}
+
+template <typename T>
+HWY_INLINE float SumSq(const T* v, int64_t d) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+  int64_t j = 0;
+  for (; j + 2 * N <= d; j += 2 * N) {
+    const VF x0 = LoadF(df, v + j), x1 = LoadF(df, v + j + N);
+    a0 = hn::MulAdd(x0, x0, a0);
+    a1 = hn::MulAdd(x1, x1, a1);
+  }
+  for (; j + N <= d; j += N) {
+    const VF x = LoadF(df, v + j);
+    a0 = hn::MulAdd(x, x, a0);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+  for (; j < d; ++j) {
+    const float x = WidenS(v[j]);
+    s += x * x;
+  }
+  return s;
+}
+
+// Pass 1 with the add: rs' = T(rs_in + pending) to rs_out (and commit when distinct), returning
+// sum(rs'^2) and, when wanted, dot(rs', q).
+template <typename T>
+HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
+                       int64_t d, float* sumsq, float* dot) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF ss = hn::Zero(df), dq = hn::Zero(df);
+  int64_t j = 0;
+  for (; j + N <= d; j += N) {
+    const VF r = CastT<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
+    StoreT(df, r, rs_out + j);
+    if (commit) StoreT(df, r, commit + j);
+    ss = hn::MulAdd(r, r, ss);
+    if (q) dq = hn::MulAdd(r, hn::LoadU(df, q + j), dq);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, ss));
+  float p = hn::GetLane(hn::SumOfLanes(df, dq));
+  for (; j < d; ++j) {
+    const T rt = NarrowS<T>(WidenS(rs_in[j]) + WidenS(pending[j]));
+    rs_out[j] = rt;
+    if (commit) commit[j] = rt;
+    const float r = WidenS(rt);
+    s += r * r;
+    if (q) p += r * q[j];
+  }
+  *sumsq = s;
+  *dot = p;
+}
+
+template <typename T>
+void StepImpl(const AttnResStepArgs<T>& a) {
+  const int64_t d = a.dim;
+  const int n = a.num_sources();
+  assert(n >= 1 && n <= kMaxAttnResSources);
+  assert(a.rs_in != nullptr || a.pending != nullptr);
+  assert(!(a.rs_in && a.pending) || a.rs_out != nullptr);
+  assert(a.commit == nullptr || a.commit_inv_rms != nullptr);
+  const bool add = a.rs_in != nullptr && a.pending != nullptr;
+  const bool scored = n > 1;
+
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const DF df;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+    const int64_t o = t * d;
+    float score[kMaxAttnResSources];
+    const T* rows[kMaxAttnResSources];
+
+    // Pass 1: delayed add, commit, the running sum's statistics.
+    const T* rs;
+    float rs_sumsq = 0.0f, rs_dot = 0.0f;
+    if (add) {
+      T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
+      AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
+             &rs_sumsq, &rs_dot);
+      rs = a.rs_out + o;
+    } else {
+      rs = (a.rs_in ? a.rs_in : a.pending) + o;
+      if (a.commit && a.commit + o != rs) {
+        std::memmove(a.commit + o, rs, static_cast<size_t>(d) * sizeof(T));
+      }
+      if (scored || a.commit) rs_sumsq = SumSq(rs, d);
+      if (scored) rs_dot = Dot(rs, a.query, d);
+    }
+    const float rs_inv_rms = attnres_inv_rms(rs_sumsq, d, a.res_eps);
+    if (a.commit) a.commit_inv_rms[t] = rs_inv_rms;
+
+    // Pass 2: scores and softmax.
+    for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
+    rows[a.num_slots] = rs;
+    if (scored) {
+      for (int s = 0; s < a.num_slots; ++s) {
+        score[s] = Dot(rows[s], a.query, d) * a.slot_inv_rms[s][t];
+      }
+      score[a.num_slots] = rs_dot * rs_inv_rms;
+      attnres_softmax(score, n);
+    } else {
+      score[0] = 1.0f;
+    }
+
+    // Pass 3: mixture (cast to T) into out, and its sum of squares.
+    T* out = a.out + o;
+    T* raw = a.raw_mixture ? a.raw_mixture + o : nullptr;
+    VF ss = hn::Zero(df);
+    int64_t j = 0;
+    for (; j + N <= d; j += N) {
+      VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
+      for (int s = 1; s < n; ++s) {
+        acc = hn::Add(acc, hn::Mul(hn::Set(df, score[s]), LoadF(df, rows[s] + j)));
+      }
+      const VF m = CastT<T>(df, acc);
+      StoreT(df, m, out + j);
+      if (raw) StoreT(df, m, raw + j);
+      ss = hn::MulAdd(m, m, ss);
+    }
+    float msq = hn::GetLane(hn::SumOfLanes(df, ss));
+    for (; j < d; ++j) {
+      float acc = score[0] * WidenS(rows[0][j]);
+      for (int s = 1; s < n; ++s) {
+        const float term = score[s] * WidenS(rows[s][j]);
+        acc = acc + term;
+      }
+      const T mt = NarrowS<T>(acc);
+      out[j] = mt;
+      if (raw) raw[j] = mt;
+      const float m = WidenS(mt);
+      msq += m * m;
+    }
+
+    // Pass 4: RMSNorm in place.
+    const float inv = attnres_inv_rms(msq, d, a.norm_eps);
+    const VF vinv = hn::Set(df, inv);
+    j = 0;
+    for (; j + N <= d; j += N) {
+      const VF x = CastT<T>(df, hn::Mul(LoadF(df, out + j), vinv));
+      StoreT(df, CastT<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
+    }
+    for (; j < d; ++j) {
+      const float x = WidenS(NarrowS<T>(WidenS(out[j]) * inv));
+      out[j] = NarrowS<T>(x * a.norm_weight[j]);
+    }
+  }
+}
+
+void StepBf16(const AttnResStepArgs<bf16>& a) {
+  StepImpl(a);
+}
+void StepF32(const AttnResStepArgs<float>& a) {
+  StepImpl(a);
+}
+int64_t ChosenTarget() {
+  return HWY_TARGET;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(StepBf16);
+HWY_EXPORT(StepF32);
+HWY_EXPORT(ChosenTarget);
+
+void attnres_step(const AttnResStepArgs<bf16>& a) {
+  HWY_DYNAMIC_DISPATCH(StepBf16)(a);
+}
+void attnres_step(const AttnResStepArgs<float>& a) {
+  HWY_DYNAMIC_DISPATCH(StepF32)(a);
+}
+std::string attnres_target_name() {
+  return hwy::TargetName(HWY_DYNAMIC_DISPATCH(ChosenTarget)());
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE
