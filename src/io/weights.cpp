@@ -48,7 +48,10 @@ class Binder {
 
   Status index_names() {
     for (const auto& [name, loc] : ck_.tensors()) {
-      auto [it, inserted] = canon_.emplace(canonical_name(name), name);
+      const std::string canon = canonical_name(name);
+      if (canon == "embed_tokens.weight")  // the file's spelling, for naming missing tensors
+        model_prefix_ = name.substr(0, name.size() - canon.size());
+      auto [it, inserted] = canon_.emplace(canon, name);
       if (!inserted)
         return Status(ErrorCode::kInconsistent,
                       "tensors '" + it->second + "' and '" + name +
@@ -137,16 +140,19 @@ class Binder {
     return Status(first_code_, msg);
   }
 
-  // A canonical name as the file would most likely spell it (same prefix as the embedding).
+  // A canonical name as the file would most likely spell it (same prefix as the embedding; the
+  // head sits outside `model.`).
   std::string display(const std::string& canon) const {
-    if (canon == "lm_head.weight") return "language_model.lm_head.weight";
-    return "language_model.model." + canon;
+    if (canon != "lm_head.weight") return model_prefix_ + canon;
+    const bool lm = model_prefix_.starts_with("language_model.");
+    return (lm ? "language_model." : "") + canon;
   }
 
  private:
   const SafetensorsCheckpoint& ck_;
   BindReport& report_;
   std::map<std::string, std::string> canon_;  // canonical -> name in the file
+  std::string model_prefix_ = "language_model.model.";
   std::set<std::string> bound_;
   std::vector<std::string> problems_;
   ErrorCode first_code_ = ErrorCode::kOk;

@@ -149,6 +149,18 @@ TEST(Malformed, MissingTensor) {
   expect_load_error(dir, ErrorCode::kMissingTensor, {name});
 }
 
+TEST(Malformed, MissingTensorNamedInTheFilesSpelling) {
+  TempDir dir;
+  // Names without the `language_model.` prefix: the missing one is named the same way.
+  golden_with_header_edit("tiny-a", dir.path(), [](json& h) {
+    json out = json::object();
+    for (auto& [k, v] : h.items()) out[k.starts_with("language_model.") ? k.substr(15) : k] = v;
+    out.erase("model.layers.2.self_attn.dt_bias");
+    h = out;
+  });
+  expect_load_error(dir, ErrorCode::kMissingTensor, {"'model.layers.2.self_attn.dt_bias'"});
+}
+
 TEST(Malformed, AllMissingTensorsListed) {
   TempDir dir;
   const std::string a = std::string(kLm) + "norm.weight";
