@@ -1,4 +1,5 @@
 #include "kernels/activation.h"
+#include "kernels/parallel.h"
 
 #include "util/numeric.h"
 
@@ -6,7 +7,7 @@ namespace attnres {
 
 void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
           bool bf16_out, float* out) {
-#pragma omp parallel for schedule(static) if (n > 16384)
+#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     const float v = situf(gate[i], up[i], beta, linear_beta);
     out[i] = bf16_out ? round_bf16(v) : v;
@@ -14,7 +15,7 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
-#pragma omp parallel for schedule(static) if (n > 16384)
+#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     const float v = siluf(gate[i]) * up[i];
     out[i] = bf16_out ? round_bf16(v) : v;

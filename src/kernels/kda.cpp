@@ -1,4 +1,5 @@
 #include "kernels/kda.h"
+#include "kernels/parallel.h"
 
 #include <cassert>
 #include <cmath>
@@ -12,7 +13,7 @@ void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weigh
                         float* state, float* y) {
   assert(W >= 1 && W <= kMaxConvWidth);
   const int hist = W - 1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
   for (int64_t c = 0; c < C; ++c) {
     // window[0..hist-1] = the previous hist inputs (oldest first), window[hist] = current.
     float window[kMaxConvWidth];
@@ -54,7 +55,7 @@ void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_l
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
                    const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
                    float* o) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {
     float* S = state + h * dk * dv;  // [dk, dv]
     for (int64_t t = 0; t < T; ++t) {
@@ -100,7 +101,7 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                  int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
                  float* o, float* scratch) {
   const int64_t C = chunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {
     float* S = state + h * dk * dv;                         // [dk, dv]
     float* gc = scratch + h * per_head_scratch(C, dk, dv);  // [C, dk] cumulative log decay

@@ -1,4 +1,5 @@
 #include "kernels/mla.h"
+#include "kernels/parallel.h"
 
 #include <cmath>
 #include <limits>
@@ -32,7 +33,7 @@ int64_t mla_expanded_scratch_floats(int64_t N, int64_t T) {
 void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
                          const float* k_rot, int64_t N, float* o, float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* s = scratch + t * N;  // [N] scores of token t (reused across heads)
     const int64_t n_ctx = P + t + 1;
@@ -65,7 +66,7 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * N * d.H * d.r > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* s = scratch + t * (N + 2 * d.r);  // [N]
     float* q_lat = s + N;                    // [r]

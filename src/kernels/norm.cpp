@@ -1,4 +1,5 @@
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 
 #include <cmath>
 
@@ -7,7 +8,7 @@ namespace attnres {
 void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, float eps,
               bool bf16_out, float* y) {
   const bool has_gain = gain.data != nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
@@ -24,7 +25,7 @@ void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, f
 }
 
 void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
@@ -37,7 +38,7 @@ void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, fl
 
 void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
                     const TensorView& gain, float eps, bool bf16_out, float* y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* orow = o + r * D;
     const float* grow = gate + r * D;

@@ -7,6 +7,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 #include "model/blocks.h"
 
 namespace attnres {
@@ -38,7 +39,7 @@ void SublayerRunner::mlp(int layer, const float* in, float* out) {
 void attnres_read_ref(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
                       float eps, bool bf16_out, float* out) {
   constexpr int kMaxSources = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * d * S > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float p[kMaxSources];
     float mx = -std::numeric_limits<float>::infinity();
