@@ -63,6 +63,25 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
+// Python str.isspace(): bidirectional class WS, B or S, or general category Zs.
+bool python_isspace(uint32_t cp) {
+  if (cp >= 0x09 && cp <= 0x0d) return true;
+  if (cp >= 0x1c && cp <= 0x20) return true;
+  switch (cp) {
+    case 0x85:
+    case 0xa0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202f:
+    case 0x205f:
+    case 0x3000:
+      return true;
+    default:
+      return cp >= 0x2000 && cp <= 0x200a;
+  }
+}
+
 namespace {
 constexpr std::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
 

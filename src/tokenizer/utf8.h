@@ -30,6 +30,8 @@ bool utf8_valid(std::string_view text);
 // Ill-formed subparts replaced by U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
 void append_utf8(uint32_t codepoint, std::string& out);
+// Python str.isspace() for one code point: bidirectional class WS, B or S, or category Zs.
+bool python_isspace(uint32_t codepoint);
 
 class Utf8StreamDecoder {
  public:

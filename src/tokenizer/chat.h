@@ -1,0 +1,85 @@
+// Kimi-K3 chat format ("XTML", k3-model.md §7) rendered to tokens.
+//
+// Contract: render_chat() turns a conversation into segments exactly as Kimi-K3's
+// encoding_k3.py build_chat_segments does for text conversations: tags are
+// `<|open|>` NAME[ KEY="VALUE"]... `<|sep|>` and `<|close|>` NAME `<|sep|>`, each message
+// ends with `<|end_of_msg|>`, attribute values escape `&` and `"`; every text segment is encoded
+// on its own with control tokens DISALLOWED (so user, tool and model text can never produce a
+// control token) and only the control markers themselves are encoded with them allowed.
+//   system/user:  <|open|>message role="R"[
+//   name="N"]<|sep|>CONTENT<|close|>message<|sep|><|end_of_msg|> assistant:    <|open|>message
+//   role="assistant"<|sep|>
+//                   [thinking: <|open|>think<|sep|>REASONING<|close|>think<|sep|>]
+//                   <|open|>response<|sep|>CONTENT<|close|>response<|sep|>
+//                   [tool calls: <|open|>tools<|sep|> per call <|open|>call tool="NAME"
+//                   index="i"<|sep|>
+//                      per argument <|open|>argument key="K"
+//                      type="T"<|sep|>VALUE<|close|>argument<|sep|>
+//                    <|close|>call<|sep|> ... <|close|>tools<|sep|>]
+//                 <|close|>message<|sep|><|end_of_msg|>
+//   tool:         <|open|>message role="tool" tool="NAME"
+//   index="i"<|sep|>CONTENT<|close|>message<|sep|><|end_of_msg|> generation prompt: <|open|>message
+//   role="assistant"<|sep|><|open|>think<|sep|>
+//                      (thinking off: ...<|open|>response<|sep|>)
+// REASONING is omitted when blank. A tool message without a tool name takes the name of the
+// i-th call of the preceding assistant message. Argument values that are strings are written
+// as is, others as Python's json.dumps (", " and ": " separators, non-ASCII kept).
+// Not covered (no text-only use yet): images, tool declarations, thinking_effort, tool_choice and
+// response_format notes.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+#include "util/status.h"
+
+namespace attnres {
+
+enum class ChatRole { kSystem, kUser, kAssistant, kTool };
+
+struct ChatToolCall {
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // key order is kept
+};
+
+struct ChatMessage {
+  ChatRole role = ChatRole::kUser;
+  std::string content;
+  std::string reasoning;  // assistant only: the think part
+  std::string name;       // system/user: optional name attribute
+  std::string tool;       // tool only: tool name (else taken from the preceding calls)
+  std::vector<ChatToolCall> tool_calls;  // assistant only
+};
+
+struct ChatOptions {
+  bool thinking = true;               // render think parts and open <|open|>think
+  bool add_generation_prompt = true;  // end with the opening of the assistant's turn
+};
+
+struct ChatSegment {
+  std::string text;
+  bool control;  // encoded with control tokens allowed
+};
+
+Result<std::vector<ChatSegment>> render_chat(std::span<const ChatMessage> messages,
+                                             const ChatOptions& options);
+
+// Renders and encodes. Fails if the tokenizer lacks a chat control token.
+Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
+                                         std::span<const ChatMessage> messages,
+                                         const ChatOptions& options);
+
+// OpenAI-style messages: [{"role", "content", "reasoning_content"|"reasoning", "name",
+// "tool"|"name" (tool messages), "tool_calls": [{"function": {"name", "arguments"}} | {"name",
+// "arguments"}]}]; arguments may be an object or a JSON object string. Errors name the index.
+Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages);
+
+// Python json.dumps(value, ensure_ascii=False) with its default separators.
+std::string python_json_dumps(const nlohmann::ordered_json& value);
+
+}  // namespace attnres
