@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libhwy-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   clang clang-format libclang-rt-14-dev
 )
 missing=()

@@ -26,8 +26,9 @@
 // tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
 // streams each weight row exactly once. MXFP4 rows are decoded one 32-element block at a time
-// into a stack buffer (table lookup of the nibbles, times the block scale) and used for every
-// token of the tile; no dequantised copy of a matrix is ever made.
+// into registers (nibbles split and interleaved back into k order, a byte table lookup to twice
+// the E2M1 value, widened to f32, times half the block scale) and used for every token of the
+// tile; no dequantised copy of a matrix is ever made.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cpp"
@@ -55,19 +56,30 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-#if HWY_TARGET == HWY_AVX3
-// 32 vector registers: 4 tokens x 6 rows = 24 accumulators + 6 weight vectors + 1 token vector.
-constexpr int kMR = 4;
-constexpr int kNR = 6;
-#elif HWY_TARGET == HWY_SCALAR
-constexpr int kMR = 2;
-constexpr int kNR = 4;
-#else
-// 16 vector registers: 3 x 3 = 9 accumulators + 3 weight vectors + 1 token vector.
-constexpr int kMR = 3;
-constexpr int kNR = 3;
-#endif
 constexpr size_t kMaxLanes = hn::MaxLanes(DF());
+// f32 vectors per 32-element MXFP4 block.
+constexpr int kBlockVecs = static_cast<int>(kMxfp4BlockSize / kMaxLanes);
+
+// Register tiles: kMR tokens x kNR weight rows of accumulators (dense), kMRq x kNRq for MXFP4,
+// whose decoded block (kBlockVecs vectors per row) also stays in registers.
+#if HWY_TARGET == HWY_AVX3
+// 32 registers: dense 4 x 6 = 24 accumulators + 6 weight vectors + 1 token vector;
+// MXFP4 4 x 4 = 16 accumulators + 4 rows x 2 decoded vectors + 1 token vector.
+constexpr int kMR = 4, kNR = 6;
+constexpr int kMRq = 4, kNRq = 4;
+#elif HWY_TARGET == HWY_SCALAR
+constexpr int kMR = 2, kNR = 4;
+constexpr int kMRq = 2, kNRq = 4;
+#elif HWY_TARGET == HWY_AVX2
+// 16 registers: dense 3 x 3 = 9 accumulators + 3 weight vectors + 1 token vector;
+// MXFP4 3 x 2 = 6 accumulators + 2 rows x 4 decoded vectors + 1 token vector.
+constexpr int kMR = 3, kNR = 3;
+constexpr int kMRq = 3, kNRq = 2;
+#else
+// 16 registers, 4 lanes: MXFP4 decodes 8 vectors per row, so one row at a time.
+constexpr int kMR = 3, kNR = 3;
+constexpr int kMRq = 4, kNRq = 1;
+#endif
 
 // f32 weight rows.
 struct F32Rows {
@@ -140,48 +152,71 @@ HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& 
 // ------------------------------------------------------------------------------------------
 // MXFP4
 
-// 0.5 * 2^(s - 127) = 2^(s - 128) for an E8M0 scale byte s, as an f32 (s = 0 and 1 give the
-// subnormals 2^-128 and 2^-127, s = 255 NaN). Multiplying the doubled E2M1 integer by it reproduces
-// kE2m1Values[code] * e8m0_to_f32(s) exactly (both are exact or both overflow to inf).
-HWY_INLINE float HalfScale(uint8_t s) {
-  if (s == 255) return std::bit_cast<float>(0x7fc00000u);
-  if (s <= 1) return std::bit_cast<float>(0x00200000u << s);
-  return std::bit_cast<float>(static_cast<uint32_t>(s - 1) << 23);
+// 0.5 * 2^(s - 127) = 2^(s - 128) for each E8M0 scale byte s, as an f32 (s = 0 and 1 give the
+// subnormals 2^-128 and 2^-127, s = 255 NaN). Multiplying the doubled E2M1 integer by it
+// reproduces kE2m1Values[code] * e8m0_to_f32(s) exactly (both are exact or both overflow to
+// inf). A table, so the decode loop does one broadcast load instead of branchy integer code.
+struct HalfScaleTable {
+  float v[256];
+};
+constexpr HalfScaleTable MakeHalfScales() {
+  HalfScaleTable t{};
+  for (uint32_t s = 0; s < 256; ++s) {
+    const uint32_t bits = s == 255 ? 0x7fc00000u : s <= 1 ? (0x00200000u << s) : (s - 1) << 23;
+    t.v[s] = std::bit_cast<float>(bits);
+  }
+  return t;
 }
+constexpr HalfScaleTable kHalfScales = MakeHalfScales();
 
 // Twice the E2M1 value of each code (exact small integers; code 8, -0.0, becomes 0).
 alignas(16) constexpr int8_t kE2m1Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                                  0, -1, -2, -3, -4, -6, -8, -12};
 
-// Decodes one 32-element block (16 packed bytes, low nibble first) into out[0..32) as f32.
-HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, float* HWY_RESTRICT out) {
+// Decodes one 32-element block (16 packed bytes, low nibble first, scale byte s) into
+// kBlockVecs f32 vectors in k order.
+// (A template so that only the branch for this target's lane count is instantiated.)
+template <int NV = kBlockVecs>
+HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RESTRICT out) {
   const DF df;
-  const size_t L = hn::Lanes(df);
-  const VF scale = hn::Set(df, HalfScale(s));
+  const VF scale = hn::Set(df, kHalfScales.v[s]);
 #if HWY_TARGET == HWY_SCALAR
-  (void)L;
   for (int i = 0; i < 16; ++i) {
-    out[2 * i] = static_cast<float>(kE2m1Doubled[p[i] & 0x0f]) * hn::GetLane(scale);
-    out[2 * i + 1] = static_cast<float>(kE2m1Doubled[p[i] >> 4]) * hn::GetLane(scale);
+    const VF lo = hn::Set(df, static_cast<float>(kE2m1Doubled[p[i] & 0x0f]));
+    const VF hi = hn::Set(df, static_cast<float>(kE2m1Doubled[p[i] >> 4]));
+    out[2 * i] = hn::Mul(lo, scale);
+    out[2 * i + 1] = hn::Mul(hi, scale);
   }
 #else
   const hn::Full128<uint8_t> d8;
   const hn::Full128<int8_t> di8;
+  const hn::Rebind<int32_t, DF> di32;
   const auto bytes = hn::LoadU(d8, p);
   const auto lo = hn::And(bytes, hn::Set(d8, 0x0f));  // even k
   const auto hi = hn::ShiftRight<4>(bytes);           // odd k
   const auto lut = hn::Load(di8, kE2m1Doubled);
-  // Interleaving restores k order: codes for k = 0..15, then 16..31.
-  HWY_ALIGN int8_t vals[32];
-  hn::Store(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveLower(d8, lo, hi))), di8,
-            vals);
-  hn::Store(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveUpper(d8, lo, hi))), di8,
-            vals + 16);
-  const hn::Rebind<int8_t, DF> d8f;
-  const hn::Rebind<int32_t, DF> di32;
-  for (size_t j = 0; j < 32; j += L) {
-    const VF v = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(d8f, vals + j)));
-    hn::Store(hn::Mul(v, scale), df, out + j);
+  // Interleaving restores k order: v0 holds k = 0..15, v1 k = 16..31 (doubled E2M1 integers).
+  const auto v0 = hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveLower(d8, lo, hi)));
+  const auto v1 = hn::TableLookupBytes(lut, hn::BitCast(di8, hn::InterleaveUpper(d8, lo, hi)));
+  const auto widen = [&](auto v8) {
+    return hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, v8)), scale);
+  };
+  if constexpr (NV == 2) {  // 16 lanes: each half block is one vector
+    out[0] = widen(v0);
+    out[1] = widen(v1);
+  } else if constexpr (NV == 4) {  // 8 lanes
+    const hn::Half<decltype(di8)> dh;
+    out[0] = widen(hn::LowerHalf(dh, v0));
+    out[1] = widen(hn::UpperHalf(dh, v0));
+    out[2] = widen(hn::LowerHalf(dh, v1));
+    out[3] = widen(hn::UpperHalf(dh, v1));
+  } else {  // 4 lanes: through a stack buffer
+    HWY_ALIGN int8_t vals[32];
+    hn::Store(v0, di8, vals);
+    hn::Store(v1, di8, vals + 16);
+    const hn::Rebind<int8_t, DF> d8f;
+    for (int j = 0; j < NV; ++j)
+      out[j] = widen(hn::LoadU(d8f, vals + j * static_cast<int>(kMaxLanes)));
   }
 #endif
 }
@@ -195,17 +230,15 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
   VF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
-  HWY_ALIGN float wd[NR][kMxfp4BlockSize];  // decoded block of each row
   for (int64_t b = 0; b < row_scales; ++b) {
+    VF wv[NR][kBlockVecs];  // decoded block of each row
     for (int r = 0; r < NR; ++r)
-      DecodeBlock(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b], wd[r]);
-    const int64_t k0 = b * kMxfp4BlockSize;
-    for (int64_t j = 0; j < kMxfp4BlockSize; j += L) {
-      VF wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wd[r] + j);
+      DecodeBlock(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b], wv[r]);
+    const float* xb = x + b * kMxfp4BlockSize;
+    for (int j = 0; j < kBlockVecs; ++j) {
       for (int m = 0; m < MR; ++m) {
-        const VF xv = hn::LoadU(df, x + m * K + k0 + j);
-        for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
+        const VF xv = hn::LoadU(df, xb + m * K + j * L);
+        for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r][j], acc[m][r]);
       }
     }
   }
@@ -217,33 +250,33 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
 // Drivers
 
 // Calls tile(mr_const, nr_const, t, n) with compile-time tile sizes for a runtime (mr, nr):
-// full tiles use (kMR, kNR); edges use (mr, kNR) or single rows.
-template <int MR, class Tile>
+// full tiles use (TM, TN); edges use (mr, TN) or single rows.
+template <int TN, int MR, class Tile>
 HWY_INLINE void TileRows(const Tile& tile, int64_t t, int64_t n, int nr) {
-  if (nr == kNR) {
-    tile(std::integral_constant<int, MR>(), std::integral_constant<int, kNR>(), t, n);
+  using M = std::integral_constant<int, MR>;
+  if (nr == TN) {
+    tile(M(), std::integral_constant<int, TN>(), t, n);
   } else {
-    for (int r = 0; r < nr; ++r)
-      tile(std::integral_constant<int, MR>(), std::integral_constant<int, 1>(), t, n + r);
+    for (int r = 0; r < nr; ++r) tile(M(), std::integral_constant<int, 1>(), t, n + r);
   }
 }
 
-template <int MR = kMR, class Tile>
+template <int TN, int MR, class Tile>
 HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) {
   if constexpr (MR == 1) {
-    TileRows<1>(tile, t, n, nr);
+    TileRows<TN, 1>(tile, t, n, nr);
   } else {
     if (mr == MR) {
-      TileRows<MR>(tile, t, n, nr);
+      TileRows<TN, MR>(tile, t, n, nr);
     } else {
-      TileAny<MR - 1>(tile, t, n, mr, nr);
+      TileAny<TN, MR - 1>(tile, t, n, mr, nr);
     }
   }
 }
 
 // Walks the [T, N] output in blocks (see the header) and calls tile() on each register tile.
 // bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
-template <class Tile>
+template <int TM, int TN, class Tile>
 void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& tile) {
   // Rows per parallel block: ~192 KiB of weights, at least one full row group, and at least
   // 4 blocks per thread when N allows it (load balance). Only the partition depends on the
@@ -252,24 +285,24 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
 #ifdef _OPENMP
   threads = omp_get_max_threads();
 #endif
-  int64_t nb = std::max<int64_t>(kNR, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
+  int64_t nb = std::max<int64_t>(TN, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
   const int64_t balanced = (N + 4 * threads - 1) / (4 * threads);
-  nb = std::min(nb, std::max<int64_t>(balanced, kNR));
-  nb = (nb + kNR - 1) / kNR * kNR;
+  nb = std::min(nb, std::max<int64_t>(balanced, TN));
+  nb = (nb + TN - 1) / TN * TN;
   // Tokens per block: ~512 KiB of f32 token rows (L2) per pass over a row group.
-  int64_t tb = std::max<int64_t>(kMR, (512 << 10) / std::max<int64_t>(K * 4, 1));
-  tb = tb / kMR * kMR;
+  int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
+  tb = tb / TM * TM;
   const int64_t num_blocks = (N + nb - 1) / nb;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t n_begin = blk * nb, n_end = std::min(N, n_begin + nb);
     for (int64_t t0 = 0; t0 < T; t0 += tb) {
       const int64_t t_end = std::min(T, t0 + tb);
-      for (int64_t n = n_begin; n < n_end; n += kNR) {
-        const int nr = static_cast<int>(std::min<int64_t>(kNR, n_end - n));
-        for (int64_t t = t0; t < t_end; t += kMR) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMR, t_end - t));
-          TileAny(tile, t, n, mr, nr);
+      for (int64_t n = n_begin; n < n_end; n += TN) {
+        const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
+        for (int64_t t = t0; t < t_end; t += TM) {
+          const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
+          TileAny<TN, TM>(tile, t, n, mr, nr);
         }
       }
     }
@@ -279,7 +312,7 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
 template <class Rows>
 void DenseMatmul(const float* x, int64_t T, const Rows& rows, int64_t N, float* y) {
   const int64_t K = rows.K;
-  Drive(T, N, K, K * Rows::kBytesPerElem, [&](auto mr, auto nr, int64_t t, int64_t n) {
+  Drive<kMR, kNR>(T, N, K, K * Rows::kBytesPerElem, [&](auto mr, auto nr, int64_t t, int64_t n) {
     DenseTile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, rows, n, y + t * N + n, N);
   });
 }
@@ -294,10 +327,11 @@ void MatmulBf16(const float* x, int64_t T, const uint16_t* w, int64_t N, int64_t
 
 void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
                  int64_t K, float* y) {
-  Drive(T, N, K, K / 2 + K / kMxfp4BlockSize, [&](auto mr, auto nr, int64_t t, int64_t n) {
-    Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, packed, scale, n,
-                                                        y + t * N + n, N);
-  });
+  Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize,
+                    [&](auto mr, auto nr, int64_t t, int64_t n) {
+                      Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
+                          x + t * K, K, packed, scale, n, y + t * N + n, N);
+                    });
 }
 
 int64_t ChosenTarget() {
