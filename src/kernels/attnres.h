@@ -43,6 +43,11 @@
 
 namespace attnres {
 
+// Steps over fewer than this many elements (T x d) run on one thread: an OpenMP team costs more
+// than the work, and a descheduled team member stalls the barrier on a loaded machine. Which
+// thread computes a row never changes its value.
+inline constexpr int64_t kAttnResParallelMinElements = int64_t{1} << 18;
+
 // At most this many sources per read (the published model: 8 slots + the running sum).
 inline constexpr int kMaxAttnResSources = 64;
 
