@@ -167,17 +167,19 @@ std::string dims(std::initializer_list<std::pair<const char*, int64_t>> terms) {
   return s;
 }
 
-// q = res_norm.weight * res_proj.weight, elementwise in fp32. Empty on a problem.
-std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d) {
-  const TensorView norm =
-      b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
-  const TensorView proj = b.lookup(prefix + "_proj.weight", Kind::kFloat);
+// q = res_norm.weight * res_proj.weight, elementwise in fp32. Empty on a problem. The stored
+// factors are returned in `norm` and `proj`.
+std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d, TensorView& norm,
+                              TensorView& proj) {
+  norm = b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  proj = b.lookup(prefix + "_proj.weight", Kind::kFloat);
   if (proj.name.empty() || norm.name.empty()) return {};
   // Published as nn.Linear(d, 1): [1, d]; a flat [d] has the same bytes.
   if (proj.shape != Shape{1, d} && proj.shape != Shape{d}) {
     b.problem(ErrorCode::kShapeMismatch, "tensor '" + proj.name + "' has shape " +
                                              proj.shape_string() + ", expected " +
                                              shape_to_string(Shape{1, d}) + " ([1, hidden_size])");
+    proj = TensorView{};
     return {};
   }
   std::vector<float> q(static_cast<size_t>(d));  // [d]
@@ -186,8 +188,8 @@ std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d) {
 }
 
 // A_log: [H], zero-padded [N > H] (first H used) or legacy [1, 1, H, 1].
-std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H) {
-  const TensorView t = b.lookup(name, Kind::kFloat);
+std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H, TensorView& t) {
+  t = b.lookup(name, Kind::kFloat);
   if (t.name.empty()) return {};
   const bool flat = t.rank() == 1 && t.shape[0] >= H;
   const bool legacy = t.shape == Shape{1, 1, H, 1};
@@ -197,6 +199,7 @@ std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H) {
                   std::to_string(H) + "], [N >= " + std::to_string(H) + "] or [1, 1, " +
                   std::to_string(H) + ", 1] (linear_attn_config.num_heads = " + std::to_string(H) +
                   ")");
+    t = TensorView{};
     return {};
   }
   std::vector<float> a(static_cast<size_t>(H));  // [H]
@@ -231,7 +234,7 @@ KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
     w.g_b_proj = b.bind(p + "g_b_proj.weight", Kind::kFloat, {H * dv, dv},
                         dims({{"H*head_dim", H * dv}, {"head_dim", dv}}));
   }
-  w.a_log = bind_a_log(b, p + "A_log", H);
+  w.a_log = bind_a_log(b, p + "A_log", H, w.a_log_stored);
   w.dt_bias = b.bind(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}));
   w.o_norm = b.bind(p + "o_norm.weight", Kind::kFloat, {dv}, dims({{"head_dim", dv}}));
   w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * dv},
@@ -356,8 +359,8 @@ LayerWeights bind_layer(Binder& b, const ModelConfig& c, const LayerInfo& info) 
   if (c.schedule.has_attnres()) {
     // Layer 0 skips its pre-attention read, but its query exists and is bound (and folded)
     // like every other so the checkpoint is checked in full.
-    w.attn_res_query = fold_query(b, p + "self_attention_res", d);
-    w.mlp_res_query = fold_query(b, p + "mlp_res", d);
+    w.attn_res_query = fold_query(b, p + "self_attention_res", d, w.attn_res_norm, w.attn_res_proj);
+    w.mlp_res_query = fold_query(b, p + "mlp_res", d, w.mlp_res_norm, w.mlp_res_proj);
   }
   if (info.attention == AttnKind::kKda)
     w.kda = bind_kda(b, c, p + "self_attn.");
@@ -387,7 +390,8 @@ Result<ModelWeights> load_model(const std::string& model_dir) {
   // Tied: the head is the embedding; a stored lm_head is then left unbound (counted as extra).
   mw.lm_head =
       c.tie_word_embeddings ? mw.embed : b.bind("lm_head.weight", Kind::kFloat, {V, d}, vd);
-  if (c.schedule.has_attnres()) mw.out_res_query = fold_query(b, "output_attn_res", d);
+  if (c.schedule.has_attnres())
+    mw.out_res_query = fold_query(b, "output_attn_res", d, mw.out_res_norm, mw.out_res_proj);
   mw.layers.reserve(c.schedule.layers.size());
   for (const LayerInfo& info : c.schedule.layers) mw.layers.push_back(bind_layer(b, c, info));
 

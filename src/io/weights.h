@@ -46,6 +46,7 @@ struct KdaWeights {
   Matrix g_proj;                      // [H*dv, d] full-rank output gate (use_full_rank_gate)
   Matrix g_a_proj, g_b_proj;          // low-rank output gate otherwise: [dv, d], [H*dv, dv]
   std::vector<float> a_log;           // [H] per head (first H of [H], padded [>H] or [1,1,H,1])
+  TensorView a_log_stored;            // A_log as stored (any of those shapes), for accounting
   TensorView dt_bias;                 // [H*dk] F32
   TensorView o_norm;                  // [dv] F32 gated RMSNorm gain
   Matrix o_proj;                      // [d, H*dv]
@@ -92,6 +93,8 @@ struct LayerWeights {
   // Empty for plain-residual models.
   std::vector<float> attn_res_query;
   std::vector<float> mlp_res_query;
+  // The stored factors of the queries ([d] and [1, d]), for accounting; empty without AttnRes.
+  TensorView attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;
   std::optional<KdaWeights> kda;
   std::optional<MlaWeights> mla;
   std::optional<MoeWeights> moe;
@@ -110,10 +113,11 @@ struct BindReport {
 
 struct ModelWeights {
   ModelConfig config;
-  TensorView embed;                  // [V, d]
-  TensorView final_norm;             // [d]
-  TensorView lm_head;                // [V, d] (embed when tied)
-  std::vector<float> out_res_query;  // output_attn_res_norm * output_attn_res_proj, [d]
+  TensorView embed;                       // [V, d]
+  TensorView final_norm;                  // [d]
+  TensorView lm_head;                     // [V, d] (embed when tied)
+  std::vector<float> out_res_query;       // output_attn_res_norm * output_attn_res_proj, [d]
+  TensorView out_res_norm, out_res_proj;  // the stored factors, for accounting
   std::vector<LayerWeights> layers;
   BindReport report;
   std::vector<std::shared_ptr<const SafetensorsFile>> files;

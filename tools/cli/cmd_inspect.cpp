@@ -93,7 +93,7 @@ struct PartCount {
 class ParamCounter {
  public:
   void add(const std::string& part, const TensorView& t) {
-    if (t.data == nullptr && t.nbytes == 0 && t.shape.empty()) return;  // not bound
+    if (t.name.empty()) return;  // not bound (e.g. the low-rank gate of a full-rank model)
     parts_[part].logical += t.numel();
     parts_[part].bytes += static_cast<int64_t>(t.nbytes);
   }
@@ -113,7 +113,12 @@ ParamCounter count_params(const ModelWeights& w) {
   pc.add("embedding", w.embed);
   if (!w.config.tie_word_embeddings) pc.add("lm_head", w.lm_head);
   pc.add("norms", w.final_norm);
+  pc.add("attn_res", w.out_res_norm);
+  pc.add("attn_res", w.out_res_proj);
   for (const LayerWeights& l : w.layers) {
+    for (const TensorView* t :
+         {&l.attn_res_norm, &l.attn_res_proj, &l.mlp_res_norm, &l.mlp_res_proj})
+      pc.add("attn_res", *t);
     pc.add("norms", l.input_norm);
     pc.add("norms", l.post_attn_norm);
     if (const auto& k = l.kda) {
@@ -121,8 +126,7 @@ ParamCounter count_params(const ModelWeights& w) {
                                   &k->v_conv, &k->f_a_proj, &k->f_b_proj, &k->b_proj, &k->g_proj,
                                   &k->g_a_proj, &k->g_b_proj, &k->dt_bias, &k->o_norm, &k->o_proj})
         pc.add("kda", *t);
-      pc.add("kda",
-             TensorView{"A_log", DType::kF32, {static_cast<int64_t>(k->a_log.size())}, nullptr, 0});
+      pc.add("kda", k->a_log_stored);
     }
     if (const auto& m = l.mla) {
       for (const TensorView* t :

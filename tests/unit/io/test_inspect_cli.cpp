@@ -49,6 +49,12 @@ TEST(InspectCli, GoldenModelJson) {
   EXPECT_EQ(u8, 12 * 16 * (96 * 32 + 96 * 2 + 64 * 48 + 64 * 3 + 96 * 32 + 96 * 2));
   EXPECT_EQ(j["bytes_by_dtype"]["U8"], u8);
   EXPECT_EQ(j["weights"]["params_by_part"]["routed_experts"]["params"], 12 * 16 * 3 * 96 * 64);
+  // The parts cover every bound byte exactly once.
+  int64_t part_bytes = 0;
+  for (const auto& [part, c] : j["weights"]["params_by_part"].items())
+    part_bytes += c["bytes"].get<int64_t>();
+  EXPECT_EQ(part_bytes, j["weights"]["bytes_bound"].get<int64_t>());
+  EXPECT_EQ(j["weights"]["params_by_part"]["attn_res"]["params"], (13 * 2 + 1) * 2 * 128);
 }
 
 TEST(InspectCli, GoldenModelText) {
