@@ -1,0 +1,152 @@
+// attnres plan: the storage plan of one forward step for a config. Prints the lifetime table
+// (value, defining step, last reader, storage) of one policy, the [T, d] buffers and bytes of
+// every policy, the liveness lower bound and the verifier's findings. Exit status 1 when the
+// planned policy fails its guarantees (a hazard, or more buffers than the lower bound).
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "config/config.h"
+#include "plan/executor.h"
+#include "plan/plan.h"
+#include "plan/plan_json.h"
+#include "plan/program.h"
+
+namespace attnres::cli {
+namespace {
+
+struct PlanArgs {
+  std::string config;
+  int64_t tokens = 0;
+  std::string policy = "planned";
+  std::string dtype = "bf16";
+  bool json = false;
+};
+
+int run_plan(const PlanArgs& a) {
+  const auto policy = parse_policy(a.policy);
+  if (!policy) {
+    return fail("--policy: expected separate, unrestricted, preserve-final or planned, got '" +
+                a.policy + "'");
+  }
+  if (a.dtype != "bf16" && a.dtype != "f32") {
+    return fail("--dtype: expected bf16 or f32, got '" + a.dtype + "'");
+  }
+  if (a.tokens < 1) return fail("--tokens: expected >= 1, got " + std::to_string(a.tokens));
+  auto cfg = load_model_config(a.config);
+  if (!cfg.is_ok()) return fail(cfg.status().to_string());
+  const Program program = build_program(cfg->schedule);
+  const ActDType dt = a.dtype == "bf16" ? ActDType::kBF16 : ActDType::kF32;
+  const int64_t buffer_bytes =
+      a.tokens * cfg->hidden_size * static_cast<int64_t>(act_dtype_size(dt));
+  const int lb = lower_bound_buffers(program);
+
+  struct Row {
+    Plan plan;
+    std::vector<Hazard> hazards;
+    int peak_live = 0;
+  };
+  std::map<Policy, Row> rows;
+  for (Policy p : kAllPolicies) {
+    Row r;
+    r.plan = make_plan(program, p);
+    auto h = verify_plan(program, r.plan);
+    if (!h.is_ok()) return fail(h.status().to_string());
+    r.hazards = std::move(*h);
+    r.peak_live = peak_live_storages(program, r.plan);
+    rows[p] = std::move(r);
+  }
+  const Row& planned = rows[Policy::kPlanned];
+  std::vector<std::string> failures;
+  if (!planned.hazards.empty()) failures.push_back("planned: verifier reports hazards");
+  if (planned.plan.num_storages() != lb) {
+    failures.push_back("planned: " + std::to_string(planned.plan.num_storages()) +
+                       " buffers, lower bound " + std::to_string(lb));
+  }
+  const Row& sel = rows[*policy];
+
+  if (a.json) {
+    nlohmann::json j;
+    j["config"] = a.config;
+    j["layers"] = program.num_layers;
+    j["attn_res_block_size"] = program.block_size;
+    j["bank_slots"] = program.bank_slots;
+    j["tokens"] = a.tokens;
+    j["hidden_size"] = cfg->hidden_size;
+    j["dtype"] = a.dtype;
+    j["buffer_bytes"] = buffer_bytes;
+    j["lower_bound_buffers"] = lb;
+    j["lower_bound_bytes"] = lb * buffer_bytes;
+    j["policy"] = a.policy;
+    nlohmann::json vals = nlohmann::json::array();
+    for (size_t v = 0; v < program.values.size(); ++v) {
+      const Value& val = program.values[v];
+      vals.push_back(
+          {{"value", val.name},
+           {"kind", value_kind_name(val.kind)},
+           {"def", program.step_name(val.def_step)},
+           {"last_reader", program.step_name(val.last_reader())},
+           {"storage", sel.plan.storages[static_cast<size_t>(sel.plan.storage_of[v])].name}});
+    }
+    j["values"] = vals;
+    nlohmann::json pols = nlohmann::json::object();
+    for (const auto& [p, r] : rows) {
+      pols[std::string(policy_name(p))] = {{"peak_buffers", r.plan.num_storages()},
+                                           {"peak_bytes", r.plan.num_storages() * buffer_bytes},
+                                           {"peak_live_buffers", r.peak_live},
+                                           {"hazards", hazards_json(r.hazards)}};
+    }
+    j["policies"] = pols;
+    j["ok"] = failures.empty();
+    j["failures"] = failures;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("config %s: %d layers, AttnRes block %d, %d bank slots\n", a.config.c_str(),
+                program.num_layers, program.block_size, program.bank_slots);
+    std::printf("one [T, d] buffer = [%lld, %lld] %s = %lld bytes\n\n",
+                static_cast<long long>(a.tokens), static_cast<long long>(cfg->hidden_size),
+                a.dtype.c_str(), static_cast<long long>(buffer_bytes));
+    std::printf("lifetimes under '%s':\n%s\n", a.policy.c_str(),
+                format_plan(program, sel.plan).c_str());
+    std::printf("%-15s %8s %10s %16s %8s\n", "policy", "buffers", "live peak", "peak bytes",
+                "hazards");
+    for (const auto& [p, r] : rows) {
+      std::printf("%-15s %8d %10d %16lld %8zu\n", std::string(policy_name(p)).c_str(),
+                  r.plan.num_storages(), r.peak_live,
+                  static_cast<long long>(r.plan.num_storages() * buffer_bytes), r.hazards.size());
+    }
+    std::printf("%-15s %8d %10s %16lld\n\n", "lower bound", lb, "",
+                static_cast<long long>(lb * buffer_bytes));
+    for (const auto& [p, r] : rows) {
+      for (const Hazard& h : r.hazards) {
+        std::printf("verifier: %s: %s\n", std::string(policy_name(p)).c_str(),
+                    format_hazard(h).c_str());
+      }
+    }
+    std::printf("planned: %s\n", failures.empty() ? "no hazard, peak == lower bound" : "FAILED");
+    for (const std::string& f : failures) std::printf("  FAILED: %s\n", f.c_str());
+  }
+  return failures.empty() ? 0 : 1;
+}
+
+const CommandRegistration kReg(
+    "plan", "Plan a forward step's activation storage and verify every policy",
+    [](CLI::App* sub) -> CommandRun {
+      auto a = std::make_shared<PlanArgs>();
+      sub->add_option("--config", a->config, "Model config.json")->required();
+      sub->add_option("--tokens", a->tokens, "Tokens T of the forward step")->required();
+      sub->add_option("--policy", a->policy,
+                      "Policy whose lifetime table is printed: separate, unrestricted, "
+                      "preserve-final, planned")
+          ->capture_default_str();
+      sub->add_option("--dtype", a->dtype, "Activation storage: bf16 or f32")
+          ->capture_default_str();
+      sub->add_flag("--json", a->json, "Machine-readable output");
+      return [a] { return run_plan(*a); };
+    });
+
+}  // namespace
+}  // namespace attnres::cli
