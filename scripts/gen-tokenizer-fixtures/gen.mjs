@@ -93,6 +93,8 @@ const handwritten = [
   "🤖".repeat(20), "1".repeat(50), " ".repeat(40) + "x", "\n".repeat(20),
   "Mr. O'Neil's dog's bone", "AbCdEfGhIj", "camelCaseIdentifier", "snake_case_identifier",
   "SCREAMING_SNAKE", "HTTPServerError", "iPhone", "McDonald's", "ÉCOLE école",
+  "a\u{31350}\u{31351}b 中\u{31352}文", "\u{2EBF0}\u{2EBF1}z", "x\u{11F04}\u{11F05}y",
+  "A\u{1E030}b", "\u{10D50}\u{10D70}\u{10D71}'s", "\u0CF3x", "\u{1D2C0}\u{1D2C1}\u{1D2C2}\u{1D2C3}",
 ];
 
 const pools = {
@@ -124,6 +126,11 @@ const pools = {
   contraction: ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'VE", "'M",
     "'LL", "'D", "’s", "'ſ"],
   marks: ["\u0301", "\u0308", "\u0327", "\u0903", "\u0e31", "\u20dd", "\ufe0f", "\u200d"],
+  // Assigned after Unicode 14.0 (the tables of Debian 12's PCRE2): CJK Ext H/I (Han), Kawi,
+  // Nag Mundari, Cyrillic Ext-D, Garay (cased), Kaktovik numerals, Latin Ext-G, Kannada.
+  newer: ["\u{31350}\u{31351}", "\u{2EBF0}", "\u{11F04}\u{11F05}", "\u{1E4D0}\u{1E4D1}",
+    "\u{1E030}", "\u{10D50}\u{10D70}", "\u{1D2C0}\u{1D2C1}", "\u{1DF25}", "\u0CF3",
+    "\u{11F50}\u{11F51}", "\u{1E4F0}"],
 };
 const poolNames = Object.keys(pools);
 const seps = ["", " ", " ", " ", "  ", "\n", "\t", ", ", "\r\n", "   ", " \n ", "\u00a0"];

@@ -4,19 +4,16 @@
 
 #include <pcre2.h>
 
+#include "tokenizer/unicode_delta.h"
 #include "tokenizer/utf8.h"
 
 namespace attnres {
 namespace {
 
 // Unicode White_Space (PropList.txt), the set Rust regex's `\s` matches. Class body, no brackets.
-#define WS                                                                                      \
-  "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
-  "\\x{205F}\\x{3000}"
-#define CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-#define UPPERISH "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
-#define LOWERISH "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
-#define NOT_HAN "(?!\\p{sc:Han})"
+constexpr std::string_view kWhiteSpace =
+    "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+    "\\x{205F}\\x{3000}";
 
 // Published spellings (tiktoken / tokenization_kimi.py).
 constexpr std::string_view kKimiPublished =
@@ -26,28 +23,47 @@ constexpr std::string_view kO200kPublished =
 constexpr std::string_view kCl100kPublished =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// PCRE2 spellings. The trailing whitespace alternatives are common to all three.
-#define WS_TAIL "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+// PCRE2 spellings, built once. Every Unicode property class also lists the characters that
+// the reference's newer Unicode tables add to it (unicode_delta.h), so the split does not depend
+// on the Unicode version of the installed PCRE2.
+struct Pcre2Patterns {
+  std::string kimi, o200k, cl100k;
+  Pcre2Patterns() {
+    namespace d = unicode_delta;
+    const std::string ws(kWhiteSpace);
+    const std::string letter = "\\p{L}" + std::string(d::kL);
+    const std::string number = "\\p{N}" + std::string(d::kN);
+    const std::string han = "\\p{sc:Han}" + std::string(d::kHan);
+    const std::string upperish = "\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}" + std::string(d::kLu) +
+                                 std::string(d::kLt) + std::string(d::kLm) + std::string(d::kLo) +
+                                 std::string(d::kM);
+    const std::string lowerish = "\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}" + std::string(d::kLl) +
+                                 std::string(d::kLm) + std::string(d::kLo) + std::string(d::kM);
+    const std::string contractions = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
+    const std::string not_letter_number = "[^\\r\\n" + letter + number + "]?";
+    const std::string numbers = "|[" + number + "]{1,3}";
+    const std::string ws_tail =
+        "|[" + ws + "]*[\\r\\n]+|[" + ws + "]+(?![^" + ws + "])|[" + ws + "]+";
+    const std::string punct = "| ?[^" + ws + letter + number + "]+";
+    // Kimi: [X&&[^\p{Han}]] becomes (?:(?!Han)[X]).
+    const std::string up_not_han = "(?:(?![" + han + "])[" + upperish + "])";
+    const std::string low_not_han = "(?:(?![" + han + "])[" + lowerish + "])";
+    kimi = "[" + han + "]+" +  //
+           "|" + not_letter_number + up_not_han + "*" + low_not_han + "+" + contractions + "?" +
+           "|" + not_letter_number + up_not_han + "+" + low_not_han + "*" + contractions + "?" +
+           numbers + punct + "[\\r\\n]*" + ws_tail;
+    o200k = not_letter_number + "[" + upperish + "]*[" + lowerish + "]+" + contractions + "?" +
+            "|" + not_letter_number + "[" + upperish + "]+[" + lowerish + "]*" + contractions +
+            "?" + numbers + punct + "[\\r\\n/]*" + ws_tail;
+    cl100k = contractions + "|" + not_letter_number + "[" + letter + "]+" + numbers + punct +
+             "[\\r\\n]*" + ws_tail;
+  }
+};
 
-constexpr std::string_view kKimiPcre2 =
-    "\\p{sc:Han}+"
-    "|[^\\r\\n\\p{L}\\p{N}]?(?:" NOT_HAN UPPERISH ")*(?:" NOT_HAN LOWERISH ")+" CONTRACTIONS
-    "?"
-    "|[^\\r\\n\\p{L}\\p{N}]?(?:" NOT_HAN UPPERISH ")+(?:" NOT_HAN LOWERISH ")*" CONTRACTIONS
-    "?"
-    "|\\p{N}{1,3}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*" WS_TAIL;
-constexpr std::string_view kO200kPcre2 =
-    "[^\\r\\n\\p{L}\\p{N}]?" UPPERISH "*" LOWERISH "+" CONTRACTIONS
-    "?"
-    "|[^\\r\\n\\p{L}\\p{N}]?" UPPERISH "+" LOWERISH "*" CONTRACTIONS
-    "?"
-    "|\\p{N}{1,3}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*" WS_TAIL;
-constexpr std::string_view kCl100kPcre2 = CONTRACTIONS
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-    "|\\p{N}{1,3}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*" WS_TAIL;
+const Pcre2Patterns& pcre2_patterns() {
+  static const Pcre2Patterns p;
+  return p;
+}
 
 // Per-thread match scratch: match data with one ovector pair (the patterns have no captures)
 // and a JIT stack large enough for long letter runs through the lookahead groups.
@@ -117,11 +133,11 @@ std::string_view published_pattern(PreTokenizer p) {
 std::string_view pcre2_pattern(PreTokenizer p) {
   switch (p) {
     case PreTokenizer::kKimi:
-      return kKimiPcre2;
+      return pcre2_patterns().kimi;
     case PreTokenizer::kO200kBase:
-      return kO200kPcre2;
+      return pcre2_patterns().o200k;
     case PreTokenizer::kCl100kBase:
-      return kCl100kPcre2;
+      return pcre2_patterns().cl100k;
   }
   return {};
 }
