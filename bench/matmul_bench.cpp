@@ -4,9 +4,10 @@
 //    reads a different copy of the weights, cycling through >= 3x the last-level cache, so the
 //    weights come from DRAM as they do in a real decode (all layers together are GBs).
 //  - GEMM (prefill, T > 1): GFLOP/s (2 T N K per call) and, counter vs_openblas, its fraction of
-//    OpenBLAS measured on the same shape in the same process. Debian's OpenBLAS 0.3.21 is built
-//    without BUILD_BFLOAT16 (no cblas_sbgemm symbol), so the baseline is cblas_sgemm on the
-//    weights widened to f32 (same math, f32 FMA, exactly the same weight values).
+//    OpenBLAS measured on the same shape in the same process, call for call interleaved. Debian's
+//    OpenBLAS 0.3.21 is built without BUILD_BFLOAT16 (no cblas_sbgemm symbol), so the baseline is
+//    cblas_sgemm on the weights widened to f32 (same math, f32 FMA, exactly the same weight
+//    values).
 // Both libraries use all OpenMP threads (OpenBLAS: openblas_set_num_threads to the same count).
 //   ./attnres_bench --benchmark_filter='Gemv|Gemm' (see docs/kernels.md for the full command)
 #include <benchmark/benchmark.h>
@@ -16,14 +17,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "bench_limits.h"
 #include "kernels/matmul.h"
+#include "util/cpu.h"
 
 namespace attnres::bench {
 namespace {
@@ -79,13 +79,16 @@ class BestOf {
   void time(const F& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best_ = std::min(best_,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best_ = std::min(best_, dt);
+    total_ += dt;
   }
   double seconds() const { return best_; }
+  double total() const { return total_; }
 
  private:
   double best_ = 1e30;
+  double total_ = 0.0;
 };
 
 void set_bandwidth_counters(benchmark::State& state, int64_t bytes_per_call, const BestOf& b) {
@@ -103,6 +106,8 @@ void set_bandwidth_counters(benchmark::State& state, int64_t bytes_per_call, con
 void context_once() {
   static const bool done = [] {
     benchmark::AddCustomContext("attnres_simd_target", matmul_simd_target());
+    benchmark::AddCustomContext("cpu_model", cpu_info().model_name);
+    benchmark::AddCustomContext("cpu_features", cpu_features_string(cpu_info()));
     benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));
     benchmark::AddCustomContext("openblas_config", openblas_get_config());
     benchmark::AddCustomContext("openblas_core", openblas_get_corename());
@@ -212,36 +217,37 @@ void openblas_gemm(const float* x, const float* w, int64_t T, int64_t N, int64_t
               static_cast<int>(N));
 }
 
-// OpenBLAS GFLOP/s on (T, N, K), best of 10 calls after a warm-up, measured once per shape.
-double openblas_gflops(int64_t T, int64_t N, int64_t K, const std::vector<float>& x,
-                       const std::vector<float>& w32) {
-  static std::map<std::tuple<int64_t, int64_t, int64_t>, double> cache;
-  const auto key = std::make_tuple(T, N, K);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  std::vector<float> y(static_cast<size_t>(T * N));
-  openblas_gemm(x.data(), w32.data(), T, N, K, y.data());
-  BestOf best;
-  for (int i = 0; i < 10; ++i)
-    best.time([&] { openblas_gemm(x.data(), w32.data(), T, N, K, y.data()); });
-  const double gflops = 2.0 * static_cast<double>(T * N * K) / best.seconds() * 1e-9;
-  cache[key] = gflops;
-  return gflops;
-}
-
-// Mean GFLOP/s, best-call GFLOP/s and, when ref_gflops > 0, best / OpenBLAS best.
-void set_flop_counters(benchmark::State& state, int64_t T, int64_t N, int64_t K, const BestOf& b,
-                       double ref_gflops) {
-  const double flops = 2.0 * static_cast<double>(T * N * K);
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      flops * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
-  state.counters["best_GFLOP/s"] = flops / b.seconds() * 1e-9;
-  if (ref_gflops > 0) {
-    state.counters["openblas_GFLOP/s"] = ref_gflops;
-    state.counters["vs_openblas"] = flops / b.seconds() * 1e-9 / ref_gflops;
+// Side by side: every iteration times one call of ours and then one OpenBLAS sgemm call on the
+// same inputs, so both see the same machine state (this machine is shared and its load moves).
+// The benchmark's own time is ours (manual time). Counters: mean and best GFLOP/s of each, and
+// vs_openblas = best ours / best OpenBLAS, vs_openblas_mean = mean ours / mean OpenBLAS.
+template <class Ours>
+void gemm_side_by_side(benchmark::State& state, int64_t T, int64_t N, int64_t K, const Ours& ours,
+                       const std::vector<float>& x, const std::vector<float>& w32) {
+  std::vector<float> y(static_cast<size_t>(T * N));        // [T, N] OpenBLAS output
+  openblas_gemm(x.data(), w32.data(), T, N, K, y.data());  // warm-up (thread pool start)
+  BestOf best_ours, best_ref;
+  double sum_ours = 0.0, sum_ref = 0.0;
+  for (auto _ : state) {
+    const double before = best_ours.total();
+    best_ours.time(ours);
+    state.SetIterationTime(best_ours.total() - before);
+    best_ref.time([&] { openblas_gemm(x.data(), w32.data(), T, N, K, y.data()); });
+    benchmark::DoNotOptimize(y.data());
   }
+  sum_ours = best_ours.total();
+  sum_ref = best_ref.total();
+  const double flops = 2.0 * static_cast<double>(T * N * K);
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] = flops * iters / sum_ours * 1e-9;
+  state.counters["best_GFLOP/s"] = flops / best_ours.seconds() * 1e-9;
+  state.counters["openblas_GFLOP/s"] = flops * iters / sum_ref * 1e-9;
+  state.counters["openblas_best_GFLOP/s"] = flops / best_ref.seconds() * 1e-9;
+  state.counters["vs_openblas"] = best_ref.seconds() / best_ours.seconds();
+  state.counters["vs_openblas_mean"] = sum_ref / sum_ours;
 }
 
-// args: T, N, K. Ours on bf16 weights; counter vs_openblas = ours / OpenBLAS sgemm (f32 weights).
+// args: T, N, K. Ours on bf16 weights vs OpenBLAS sgemm on the same weights widened to f32.
 void BM_GemmBf16(benchmark::State& state) {
   context_once();
   const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
@@ -250,48 +256,22 @@ void BM_GemmBf16(benchmark::State& state) {
   for (size_t i = 0; i < w.size(); ++i) w32[i] = bf16_to_f32(w[i]);
   const std::vector<float> x = random_f32(T * K, 9);  // [T, K]
   std::vector<float> y(static_cast<size_t>(T * N));   // [T, N]
-  const double ref = openblas_gflops(T, N, K, x, w32);
-  BestOf best;
-  for (auto _ : state) {
-    best.time([&] { matmul(x.data(), T, bf16_view(w, N, K, 0), y.data()); });
-    benchmark::DoNotOptimize(y.data());
-  }
-  set_flop_counters(state, T, N, K, best, ref);
+  gemm_side_by_side(
+      state, T, N, K, [&] { matmul(x.data(), T, bf16_view(w, N, K, 0), y.data()); }, x, w32);
 }
-
-// The same shapes through OpenBLAS sgemm, timed by the benchmark library (cross-check of the
-// in-process baseline used by vs_openblas).
-void BM_GemmOpenblasF32(benchmark::State& state) {
-  context_once();
-  const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
-  const std::vector<bf16> w = random_bf16(N * K, 8);  // [N, K]
-  std::vector<float> w32(w.size());                   // [N, K]
-  for (size_t i = 0; i < w.size(); ++i) w32[i] = bf16_to_f32(w[i]);
-  const std::vector<float> x = random_f32(T * K, 9);  // [T, K]
-  std::vector<float> y(static_cast<size_t>(T * N));   // [T, N]
-  BestOf best;
-  for (auto _ : state) {
-    best.time([&] { openblas_gemm(x.data(), w32.data(), T, N, K, y.data()); });
-    benchmark::DoNotOptimize(y.data());
-  }
-  set_flop_counters(state, T, N, K, best, 0.0);
-}
-
-void gemm_shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"T", "N", "K"});
-  b->Args({64, 2048, 2048});
-  b->Args({256, 2048, 1024});
-  b->Args({256, 2048, 2048});
-  b->Args({256, 8192, 2048});
-  b->Args({1024, 2048, 2048});
-  b->Args({4096, 1024, 1024});
-  b->UseRealTime()->Unit(benchmark::kMillisecond);
-}
-BENCHMARK(BM_GemmBf16)->Apply(gemm_shapes);
-BENCHMARK(BM_GemmOpenblasF32)->Apply(gemm_shapes);
+BENCHMARK(BM_GemmBf16)
+    ->ArgNames({"T", "N", "K"})
+    ->Args({64, 2048, 2048})
+    ->Args({256, 2048, 1024})
+    ->Args({256, 2048, 2048})
+    ->Args({256, 8192, 2048})
+    ->Args({1024, 2048, 2048})
+    ->Args({4096, 1024, 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // args: T, N, K. MXFP4 expert GEMM (tokens routed to one expert during prefill) straight from
-// the packed weights; baseline: OpenBLAS sgemm on the weights dequantised to f32.
+// the packed weights vs OpenBLAS sgemm on the weights dequantised to f32 (same values).
 void BM_GemmMxfp4(benchmark::State& state) {
   context_once();
   const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
@@ -303,20 +283,16 @@ void BM_GemmMxfp4(benchmark::State& state) {
       w32[n * K + k] = mxfp4_get(packed.data() + n * K / 2, scale.data() + n * K / 32, k);
   const std::vector<float> x = random_f32(T * K, 12);  // [T, K]
   std::vector<float> y(static_cast<size_t>(T * N));    // [T, N]
-  const double ref = openblas_gflops(T, N, K, x, w32);
-  BestOf best;
-  for (auto _ : state) {
-    best.time([&] { mxfp4_matmul(x.data(), T, packed.data(), scale.data(), N, K, y.data()); });
-    benchmark::DoNotOptimize(y.data());
-  }
-  set_flop_counters(state, T, N, K, best, ref);
+  gemm_side_by_side(
+      state, T, N, K,
+      [&] { mxfp4_matmul(x.data(), T, packed.data(), scale.data(), N, K, y.data()); }, x, w32);
 }
 BENCHMARK(BM_GemmMxfp4)
     ->ArgNames({"T", "N", "K"})
     ->Args({32, 512, 1024})
     ->Args({128, 512, 1024})
     ->Args({128, 1024, 512})
-    ->UseRealTime()
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -293,7 +293,10 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
   int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
   tb = tb / TM * TM;
   const int64_t num_blocks = (N + nb - 1) / nb;
-#pragma omp parallel for schedule(static)
+  // Small products run on the calling thread: a parallel region costs microseconds (much more
+  // when the machine is oversubscribed), more than ~256K multiply-adds take.
+  const bool parallel = T * N * K >= (int64_t{1} << 18) && num_blocks > 1;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t n_begin = blk * nb, n_end = std::min(N, n_begin + nb);
     for (int64_t t0 = 0; t0 < T; t0 += tb) {

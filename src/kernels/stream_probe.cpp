@@ -5,15 +5,14 @@
 // (-> 4 n, exact in f64 for any n that fits in memory).
 #include "kernels/stream_probe.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <new>
 #include <string>
+
+#include "util/cpu.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -22,21 +21,6 @@
 namespace attnres {
 namespace {
 
-// "32768K" / "1024K" / "8M" -> bytes; 0 if unparsable.
-size_t parse_cache_size(const std::string& s) {
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (...) {
-    return 0;
-  }
-  const char unit = pos < s.size() ? s[pos] : '\0';
-  if (unit == 'K') return static_cast<size_t>(v) << 10;
-  if (unit == 'M') return static_cast<size_t>(v) << 20;
-  return static_cast<size_t>(v);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -44,22 +28,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 size_t last_level_cache_bytes() {
-  // sysfs is authoritative on Linux (sysconf can report a hypervisor's made-up value).
-  size_t best = 0;
-  for (int i = 0; i < 8; ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
-    std::ifstream type_in(dir + "/type"), size_in(dir + "/size");
-    std::string type, size;
-    if (!(type_in >> type) || !(size_in >> size)) continue;
-    if (type == "Instruction") continue;
-    best = std::max(best, parse_cache_size(size));
-  }
-  if (best != 0) return best;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (l3 > 0) return static_cast<size_t>(l3);
-#endif
-  return size_t{32} << 20;
+  const size_t llc = cpu_info().llc_bytes;
+  return llc != 0 ? llc : size_t{32} << 20;
 }
 
 Result<StreamResult> stream_probe(const StreamOptions& options) {

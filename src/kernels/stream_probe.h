@@ -34,7 +34,7 @@ struct StreamResult {
   int reps = 0;
 };
 
-// Last-level cache size in bytes from sysconf/sysfs, or 32 MiB if the OS does not say.
+// Last-level cache size in bytes (util/cpu.h, from sysfs), or 32 MiB if the OS does not say.
 size_t last_level_cache_bytes();
 
 // Runs the probe. Errors: kInvalidArgument (reps < 1, array_bytes below 1 KiB), kInternal

@@ -247,17 +247,18 @@ TEST(Mxfp4Matmul, ExtremeScalesAndNegativeZero) {
   });
 }
 
-// Results must not depend on the thread count: 1 vs 2 OpenMP threads, bitwise.
+// Results must not depend on the thread count: 1 vs 2 vs 3 OpenMP threads, bitwise. Shapes are
+// above the kernels' serial cutoff (T N K >= 2^18) so the parallel partition is exercised.
 TEST(Matmul, ThreadCountInvariant) {
   const int saved = omp_get_max_threads();
-  const Shape s{11, 50, 300};
+  const Shape s{11, 130, 300};
   const DenseCase c = make_dense(s, /*integers=*/false, 7);
-  const Mxfp4Case q = make_mxfp4({11, 50, 320}, /*integers=*/false, 110, 140, 8);
+  const Mxfp4Case q = make_mxfp4({11, 130, 320}, /*integers=*/false, 110, 140, 8);
   for_each_target([&] {
-    std::vector<float> y1[3], y2[3];
-    for (int threads : {1, 2}) {
+    std::vector<float> ref[3];  // with 1 thread: f32, bf16, mxfp4
+    for (int threads : {1, 2, 3}) {
       omp_set_num_threads(threads);
-      auto& out = threads == 1 ? y1 : y2;
+      std::vector<float> out[3];
       int i = 0;
       for (DType d : {DType::kF32, DType::kBF16}) {
         out[i].assign(static_cast<size_t>(s.T * s.N), 0.0f);
@@ -266,9 +267,15 @@ TEST(Matmul, ThreadCountInvariant) {
       }
       out[2].assign(static_cast<size_t>(q.s.T * q.s.N), 0.0f);
       mxfp4_matmul(q.x.data(), q.s.T, q.packed.data(), q.scale.data(), q.s.N, q.s.K, out[2].data());
+      for (int j = 0; j < 3; ++j) {
+        if (threads == 1) {
+          ref[j] = out[j];
+        } else {
+          EXPECT_EQ(0, std::memcmp(ref[j].data(), out[j].data(), ref[j].size() * sizeof(float)))
+              << "kernel " << j << " with " << threads << " threads";
+        }
+      }
     }
-    for (int i = 0; i < 3; ++i)
-      EXPECT_EQ(0, std::memcmp(y1[i].data(), y2[i].data(), y1[i].size() * sizeof(float))) << i;
   });
   omp_set_num_threads(saved);
 }
@@ -276,9 +283,10 @@ TEST(Matmul, ThreadCountInvariant) {
 // A token's outputs are bitwise the same whether it is decoded alone (T = 1, GEMV) or sits in
 // any position of a prefill batch (T > 1, GEMM): per-element arithmetic ignores the tiling.
 TEST(Matmul, DecodeMatchesPrefillRows) {
-  const Shape s{10, 23, 77};
+  // T N K >= 2^18: the prefill call runs in parallel, the decode calls serially.
+  const Shape s{12, 300, 77};
   const DenseCase c = make_dense(s, /*integers=*/false, 9);
-  const Mxfp4Case q = make_mxfp4({10, 23, 96}, /*integers=*/false, 115, 135, 10);
+  const Mxfp4Case q = make_mxfp4({12, 300, 96}, /*integers=*/false, 115, 135, 10);
   for_each_target([&] {
     std::vector<float> all(static_cast<size_t>(s.T * s.N)), one(static_cast<size_t>(s.N));
     matmul(c.x.data(), s.T, c.view(DType::kBF16), all.data());
