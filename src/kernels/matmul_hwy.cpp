@@ -11,24 +11,27 @@
 //    operands zero-padded. This sequence depends only on (K, L), never on T, N, the tile an
 //    element falls in or the thread count, so results are bitwise thread-count invariant and a
 //    token gives the same bits in a T = 1 (decode) call as inside a T > 1 (prefill) call.
+//    MXFP4 on AVX3 differs only in which k a lane takes: per 32-element block b, lane j takes
+//    k = 32b + 2j then 32b + 2j + 1 (the decode yields even and odd elements; see Mxfp4Tile).
 //  - The scalar reference (matmul_ref.cpp) accumulates sequentially in k order without fma; both
 //    are within the classic bound |y - y_exact| <= gamma_K * sum_k |x_k w_k| (gamma_K ~ K u,
 //    u = 2^-24), so |y - y_ref| <= (K + K/L + log2 L + 2) u sum_k |x_k w_k|; when every partial
 //    sum is exactly representable (small integers, powers of two) both are exact and equal.
-//  - Weights are widened exactly (bf16 -> f32 is a shift; an MXFP4 element is an integer in
-//    [-12, 12] times 2^(s-128), exactly the reference's E2M1 value times its E8M0 scale, or the
-//    same inf/NaN). MXFP4 code 8 (-0.0) decodes to +0.0: every accumulator starts at +0.0 and
-//    round-to-nearest never turns +0 into -0 by adding a zero, so the sign of a zero product
-//    cannot reach y.
+//  - Weights are widened exactly (bf16 -> f32 is a shift; an MXFP4 element is the E2M1 value
+//    times the E8M0 scale, or (non-AVX3 targets) the doubled E2M1 integer times 2^(s-128): the
+//    same exact product as the reference's, or the same inf/NaN). Off AVX3, code 8 (-0.0)
+//    decodes to +0.0: every accumulator starts at +0.0 and round-to-nearest never turns +0 into
+//    -0 by adding a zero, so the sign of a zero product cannot reach y.
 //
 // Blocking: OpenMP static partition over blocks of output rows (N). Inside a block, a group of
 // kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to kMR
 // tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
-// streams each weight row exactly once. MXFP4 rows are decoded one 32-element block at a time
-// into registers (nibbles split and interleaved back into k order, a byte table lookup to twice
-// the E2M1 value, widened to f32, times half the block scale) and used for every token of the
-// tile; no dequantised copy of a matrix is ever made.
+// streams each weight row exactly once. Products with fewer than 2^18 multiply-adds run on the
+// calling thread. MXFP4 rows are decoded one 32-element block at a time into registers (AVX3:
+// a 16-entry f32 permute of the scaled E2M1 table indexed by the nibbles; other targets: a byte
+// table lookup to twice the E2M1 value, widened to f32, times half the scale) and used for every
+// token of the tile; no dequantised copy of a matrix is ever made.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cpp"
@@ -221,6 +224,70 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX3
+// AVX-512 decode: vpermps looks up 16 f32 table entries by the low 4 bits of each 32-bit index
+// and ignores the rest, so the packed bytes zero-extended to 32 bits index the even-k values
+// directly, and the same bytes shifted right by 4 the odd-k values; the table is the 16 E2M1
+// values times the block's E8M0 scale (exact products, as in the reference; -0.0 stays -0.0).
+// One block gives even[j] = w[2j], odd[j] = w[2j + 1].
+struct ScaleTable {
+  float v[256];
+};
+constexpr ScaleTable MakeScales() {
+  ScaleTable t{};
+  for (uint32_t s = 0; s < 256; ++s) {
+    const uint32_t bits = s == 255 ? 0x7fc00000u : s == 0 ? 0x00400000u : s << 23;
+    t.v[s] = std::bit_cast<float>(bits);
+  }
+  return t;
+}
+constexpr ScaleTable kScales = MakeScales();
+
+HWY_INLINE void DecodeBlockEvenOdd(const uint8_t* HWY_RESTRICT p, uint8_t s, __m512 values,
+                                   VF& even, VF& odd) {
+  const __m512 table = _mm512_mul_ps(values, _mm512_set1_ps(kScales.v[s]));
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  even = VF{_mm512_permutexvar_ps(bytes, table)};
+  odd = VF{_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table)};
+}
+
+// AVX3 tile: per 32-element block, each token's x is split into even and odd k (two vpermt2ps,
+// shared by the NR rows) and each accumulator lane j takes k = 32b + 2j, then 32b + 2j + 1.
+template <int MR, int NR>
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* packed,
+                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+  const DF df;
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const __m512 values = _mm512_loadu_ps(kE2m1Values);
+  const __m512i even_idx =
+      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd_idx =
+      _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  VF acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
+  for (int64_t b = 0; b < row_scales; ++b) {
+    VF we[NR], wo[NR];
+    for (int r = 0; r < NR; ++r)
+      DecodeBlockEvenOdd(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b],
+                         values, we[r], wo[r]);
+    const float* xb = x + b * kMxfp4BlockSize;
+    for (int m = 0; m < MR; ++m) {
+      const __m512 x0 = _mm512_loadu_ps(xb + m * K), x1 = _mm512_loadu_ps(xb + m * K + 16);
+      const VF xe{_mm512_permutex2var_ps(x0, even_idx, x1)};
+      const VF xo{_mm512_permutex2var_ps(x0, odd_idx, x1)};
+      for (int r = 0; r < NR; ++r) {
+        acc[m][r] = hn::MulAdd(xe, we[r], acc[m][r]);
+        acc[m][r] = hn::MulAdd(xo, wo[r], acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
+}
+
+#else  // other targets: decode to k-ordered vectors
+
 template <int MR, int NR>
 HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* packed,
                             const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
@@ -245,6 +312,8 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
 }
+
+#endif  // HWY_TARGET == HWY_AVX3
 
 // ------------------------------------------------------------------------------------------
 // Drivers
