@@ -18,11 +18,14 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kSynth = std::string(ATTNRES_FIXTURES_DIR) + "/tokenizer/synthetic";
 
-nlohmann::ordered_json fixture() {
-  std::ifstream in(kSynth + "/chat.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::ordered_json::parse(ss.str());
+const nlohmann::ordered_json& fixture() {
+  static const nlohmann::ordered_json j = [] {
+    std::ifstream in(kSynth + "/chat.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return nlohmann::ordered_json::parse(ss.str());
+  }();
+  return j;
 }
 
 const Tokenizer& synth() {
@@ -113,7 +116,7 @@ TEST(ControlTokens, MalformedConfigIsNamedError) {
 
 TEST(ChatFormat, SegmentsAndIdsEqualReference) {
   const Tokenizer& t = synth();
-  const auto fx = fixture();
+  const auto& fx = fixture();
   ASSERT_GE(fx["chat"].size(), 16u);
   for (size_t i = 0; i < fx["chat"].size(); ++i) {
     const auto& c = fx["chat"][i];
