@@ -200,13 +200,13 @@ void StepImpl(const AttnResStepArgs<T>& a) {
   }
 }
 
-void StepBf16(const AttnResStepArgs<bf16>& a) {
+void AttnResStepBf16(const AttnResStepArgs<bf16>& a) {
   StepImpl(a);
 }
-void StepF32(const AttnResStepArgs<float>& a) {
+void AttnResStepF32(const AttnResStepArgs<float>& a) {
   StepImpl(a);
 }
-int64_t ChosenTarget() {
+int64_t AttnResChosenTarget() {
   return HWY_TARGET;
 }
 
@@ -217,18 +217,18 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attnres {
 
-HWY_EXPORT(StepBf16);
-HWY_EXPORT(StepF32);
-HWY_EXPORT(ChosenTarget);
+HWY_EXPORT(AttnResStepBf16);
+HWY_EXPORT(AttnResStepF32);
+HWY_EXPORT(AttnResChosenTarget);
 
 void attnres_step(const AttnResStepArgs<bf16>& a) {
-  HWY_DYNAMIC_DISPATCH(StepBf16)(a);
+  HWY_DYNAMIC_DISPATCH(AttnResStepBf16)(a);
 }
 void attnres_step(const AttnResStepArgs<float>& a) {
-  HWY_DYNAMIC_DISPATCH(StepF32)(a);
+  HWY_DYNAMIC_DISPATCH(AttnResStepF32)(a);
 }
 std::string attnres_target_name() {
-  return hwy::TargetName(HWY_DYNAMIC_DISPATCH(ChosenTarget)());
+  return hwy::TargetName(HWY_DYNAMIC_DISPATCH(AttnResChosenTarget)());
 }
 
 }  // namespace attnres
