@@ -33,14 +33,25 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// dot(v, q) over d columns: 4 lane accumulators, then the tail.
+// Software prefetch of the next token row of every stream into L2 (locality hint 1), spread
+// over this row's first passes. The hardware prefetcher, which stops at 4 KiB pages, does not
+// keep ~11 interleaved 14 KiB row streams ahead; measured ~20% faster at [4096, 7168].
+constexpr int kPrefetchLocality = 1;
+HWY_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
+  const char* c = static_cast<const char*>(p) + offset;
+  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, kPrefetchLocality);
+}
+
+// dot(v, q) over d columns: 4 lane accumulators, then the tail. `next` (may be null) is the
+// same source's next row, prefetched along the way.
 template <typename T>
-HWY_INLINE float Dot(const T* v, const float* q, int64_t d) {
+HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = nullptr) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 4 * N <= d; j += 4 * N) {
+    if (next) PrefetchBytes(next, static_cast<size_t>(j) * sizeof(T), 4 * N * sizeof(T));
     a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
     a1 = hn::MulAdd(LoadF(df, v + j + N), hn::LoadU(df, q + j + N), a1);
     a2 = hn::MulAdd(LoadF(df, v + j + 2 * N), hn::LoadU(df, q + j + 2 * N), a2);
@@ -76,15 +87,20 @@ HWY_INLINE float SumSq(const T* v, int64_t d) {
 }
 
 // Pass 1 with the add: rs' = T(rs_in + pending) to rs_out (and commit when distinct), returning
-// sum(rs'^2) and, when wanted, dot(rs', q).
+// sum(rs'^2) and, when wanted, dot(rs', q). Prefetches rs_in and pending `prefetch_stride`
+// elements ahead (the next row; 0 = none).
 template <typename T>
 HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
-                       int64_t d, float* sumsq, float* dot) {
+                       int64_t d, float* sumsq, float* dot, int64_t prefetch_stride) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF ss = hn::Zero(df), dq = hn::Zero(df);
   int64_t j = 0;
   for (; j + N <= d; j += N) {
+    if (prefetch_stride != 0 && (j * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
+      __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
+      __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
+    }
     const VF r = CastT<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
     StoreT(df, r, rs_out + j);
     if (commit) StoreT(df, r, commit + j);
@@ -130,7 +146,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     if (add) {
       T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
       AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
-             &rs_sumsq, &rs_dot);
+             &rs_sumsq, &rs_dot, t + 1 < a.tokens ? d : 0);
       rs = a.rs_out + o;
     } else {
       rs = (a.rs_in ? a.rs_in : a.pending) + o;
@@ -148,7 +164,8 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     rows[a.num_slots] = rs;
     if (scored) {
       for (int s = 0; s < a.num_slots; ++s) {
-        score[s] = Dot(rows[s], a.query, d) * a.slot_inv_rms[s][t];
+        const T* next = t + 1 < a.tokens ? rows[s] + d : nullptr;
+        score[s] = Dot(rows[s], a.query, d, next) * a.slot_inv_rms[s][t];
       }
       score[a.num_slots] = rs_dot * rs_inv_rms;
       attnres_softmax(score, n);
