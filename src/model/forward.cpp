@@ -12,32 +12,28 @@
 
 namespace attnres {
 
-void SublayerRunner::attention(int layer, const float* in, float* out) {
+void ModelSublayers::attention(int layer, const float* in, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[static_cast<size_t>(layer)];
-  float* xn = arena_.take<float>(T_ * c.hidden_size);  // [T, d]
-  rms_norm(in, T_, c.hidden_size, lw.input_norm, c.rms_norm_eps, opt_.bf16(), xn);
   if (lw.kda) {
-    kda_block(c, *lw.kda, xn, T_, state_.kda[static_cast<size_t>(layer)], opt_, arena_, out);
+    kda_block(c, *lw.kda, in, T_, state_.kda[static_cast<size_t>(layer)], opt_, arena_, out);
   } else {
-    mla_block(c, *lw.mla, xn, T_, state_.mla[static_cast<size_t>(layer)], opt_, arena_, out);
+    mla_block(c, *lw.mla, in, T_, state_.mla[static_cast<size_t>(layer)], opt_, arena_, out);
   }
 }
 
-void SublayerRunner::mlp(int layer, const float* in, float* out) {
+void ModelSublayers::mlp(int layer, const float* in, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[static_cast<size_t>(layer)];
-  float* xn = arena_.take<float>(T_ * c.hidden_size);  // [T, d]
-  rms_norm(in, T_, c.hidden_size, lw.post_attn_norm, c.rms_norm_eps, opt_.bf16(), xn);
   if (lw.moe) {
-    moe_block(c, *lw.moe, xn, T_, opt_, arena_, out);
+    moe_block(c, *lw.moe, in, T_, opt_, arena_, out);
   } else {
-    dense_mlp_block(c, *lw.dense, xn, T_, opt_, arena_, out);
+    dense_mlp_block(c, *lw.dense, in, T_, opt_, arena_, out);
   }
 }
 
-void attnres_read_ref(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
-                      float eps, bool bf16_out, float* out) {
+void model_attnres_read(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
+                        float eps, bool bf16_out, float* out) {
   constexpr int kMaxSources = 64;
 #pragma omp parallel for schedule(static) if (T * d * S > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
@@ -82,15 +78,20 @@ Status embed_tokens(const ModelWeights& w, const int32_t* tokens, int64_t T, flo
   return Status::ok();
 }
 
+void lm_head_logits(const ModelWeights& w, const ForwardOptions& opt, const float* xn, int64_t rows,
+                    float* logits) {
+  matmul(xn, rows, w.lm_head, logits);
+  // The bf16 model's lm_head output is bf16 too; logits are reported as f32 values of it.
+  round_to_bf16(logits, rows * w.config.vocab_size, opt.bf16());
+}
+
 void final_logits(const ModelWeights& w, const ForwardOptions& opt, Arena& arena, const float* h,
                   int64_t rows, float* logits, const CaptureFn* capture) {
   const ModelConfig& c = w.config;
   float* xn = arena.take<float>(rows * c.hidden_size);  // [rows, d]
   rms_norm(h, rows, c.hidden_size, w.final_norm, c.rms_norm_eps, opt.bf16(), xn);
   if (capture) (*capture)("final_norm", xn, rows, c.hidden_size);
-  matmul(xn, rows, w.lm_head, logits);
-  // The bf16 model's lm_head output is bf16 too; logits are reported as f32 values of it.
-  round_to_bf16(logits, rows * c.vocab_size, opt.bf16());
+  lm_head_logits(w, opt, xn, rows, logits);
   if (capture) (*capture)("logits", logits, rows, c.vocab_size);
 }
 
@@ -122,16 +123,25 @@ Status reference_forward(const ModelWeights& w, SequenceState& state, const Forw
   float* running = arena.take<float>(n);  // [T, d] running sum of the current block
   ATTNRES_RETURN_IF_ERROR(embed_tokens(w, tokens, T, running));
   cap("embed", running);
-  SublayerRunner run(w, state, opt, arena, T);
-  float* h = arena.take<float>(n);  // [T, d] the current sublayer input
-  float* a = arena.take<float>(n);  // [T, d] the current sublayer output
+  ModelSublayers sub(w, state, opt, arena, T);
+  float* h = arena.take<float>(n);   // [T, d] the current sublayer input (mixture)
+  float* xn = arena.take<float>(n);  // [T, d] its normalised form
+  float* a = arena.take<float>(n);   // [T, d] the current sublayer output
+  auto attention = [&](int i, const float* in) {
+    rms_norm(in, T, d, w.layers[static_cast<size_t>(i)].input_norm, eps, bf16, xn);
+    sub.attention(i, xn, a);
+  };
+  auto mlp = [&](int i, const float* in) {
+    rms_norm(in, T, d, w.layers[static_cast<size_t>(i)].post_attn_norm, eps, bf16, xn);
+    sub.mlp(i, xn, a);
+  };
 
   if (!s.has_attnres()) {
     // Plain residual (Kimi-Linear): h = h + attn(norm(h)); h = h + mlp(norm(h)).
     for (int i = 0; i < s.num_layers(); ++i) {
-      run.attention(i, running, a);
+      attention(i, running);
       add_into(running, a, n, bf16);
-      run.mlp(i, running, a);
+      mlp(i, running);
       add_into(running, a, n, bf16);
     }
   } else {
@@ -144,7 +154,8 @@ Status reference_forward(const ModelWeights& w, SequenceState& state, const Forw
     auto read = [&](const std::vector<float>& q, bool with_running, float* out) {
       srcs.assign(bank.begin(), bank.end());
       if (with_running) srcs.push_back(running);
-      attnres_read_ref(srcs.data(), static_cast<int>(srcs.size()), q.data(), T, d, eps, bf16, out);
+      model_attnres_read(srcs.data(), static_cast<int>(srcs.size()), q.data(), T, d, eps, bf16,
+                         out);
     };
     bool running_empty = false;  // true right after a commit, until the attention output lands
     for (int i = 0; i < s.num_layers(); ++i) {
@@ -163,7 +174,7 @@ Status reference_forward(const ModelWeights& w, SequenceState& state, const Forw
         bank.push_back(slot);
         running_empty = true;
       }
-      run.attention(i, h, a);
+      attention(i, h);
       cap(L + "attn_out", a);
       if (running_empty) {
         std::memcpy(running, a, sizeof(float) * static_cast<size_t>(n));
@@ -173,7 +184,7 @@ Status reference_forward(const ModelWeights& w, SequenceState& state, const Forw
       }
       read(lw.mlp_res_query, true, h);
       cap(L + "mlp_in_mix", h);
-      run.mlp(i, h, a);
+      mlp(i, h);
       cap(L + "mlp_out", a);
       add_into(running, a, n, bf16);
       cap(L + "running_sum", running);

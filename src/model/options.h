@@ -5,18 +5,19 @@
 #include <cstdint>
 #include <string_view>
 
+#include "plan/executor.h"  // ActDType (the activation storage type the executor also uses)
+
 namespace attnres {
 
+// Activation dtype flow (ActDType, plan/executor.h):
 // f32: weights as stored, widened; every activation f32 (what the golden data use).
 // bf16: the official bf16 dtype flow. Values are rounded to bf16 where the bf16 HF model holds
 // bf16 tensors: projection outputs, RMSNorm outputs, conv/SiLU outputs, attention outputs, the
 // SiTU output, the AttnRes mixture, and the running sum / residual after every add. Scores,
 // softmax, the KDA gate and state, the router and the MoE combine accumulate in f32.
-enum class ActDtype { kF32, kBF16 };
 // MLA latent cache storage. kAuto = f32 for f32 activations, bf16 for bf16 activations.
 enum class KvCacheDtype { kAuto, kF32, kBF16, kFP8 };
 
-std::string_view act_dtype_name(ActDtype d);
 std::string_view kv_cache_dtype_name(KvCacheDtype d);
 
 // Known misreadings of the model (issue 4 part 5). All false in a correct run; tests switch
@@ -30,17 +31,17 @@ struct Misreadings {
 };
 
 struct ForwardOptions {
-  ActDtype act = ActDtype::kBF16;
+  ActDType act = ActDType::kBF16;
   KvCacheDtype kv = KvCacheDtype::kAuto;
   int64_t kda_chunk = 64;      // WY/UT chunk length for multi-token KDA steps
   bool kda_recurrent = false;  // force the recurrent KDA form for every step (reference)
   bool mla_absorbed = false;   // force the absorbed MLA form for every step
   Misreadings mis;
 
-  bool bf16() const { return act == ActDtype::kBF16; }
+  bool bf16() const { return act == ActDType::kBF16; }
   KvCacheDtype cache_dtype() const {
     if (kv != KvCacheDtype::kAuto) return kv;
-    return act == ActDtype::kF32 ? KvCacheDtype::kF32 : KvCacheDtype::kBF16;
+    return act == ActDType::kF32 ? KvCacheDtype::kF32 : KvCacheDtype::kBF16;
   }
 };
 

@@ -6,9 +6,6 @@
 
 namespace attnres {
 
-std::string_view act_dtype_name(ActDtype d) {
-  return d == ActDtype::kF32 ? "f32" : "bf16";
-}
 std::string_view kv_cache_dtype_name(KvCacheDtype d) {
   switch (d) {
     case KvCacheDtype::kAuto:

@@ -70,7 +70,7 @@ inline const GoldenSet& golden(const std::string& name) {
 
 inline ForwardOptions f32_options() {
   ForwardOptions o;
-  o.act = ActDtype::kF32;
+  o.act = ActDType::kF32;
   return o;
 }
 

@@ -1,0 +1,133 @@
+#include "model/planned.h"
+
+#include <cstring>
+
+namespace attnres {
+namespace {
+
+void widen_rows(const ActView& v, float* out) {
+  const int64_t n = v.numel();
+  if (v.dtype == ActDType::kF32) {
+    std::memcpy(out, v.f32_data(), sizeof(float) * static_cast<size_t>(n));
+  } else {
+    const bf16* src = v.bf16_data();
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+  }
+}
+
+// f32 rows into bf16 storage. The bf16 flow has already rounded the values, so this is exact.
+void narrow_rows(const float* x, const ActView& v) {
+  bf16* dst = v.bf16_data();
+  for (int64_t i = 0; i < v.numel(); ++i) dst[i] = f32_to_bf16(x[i]);
+}
+
+}  // namespace
+
+template <typename Fn>
+Status ExecutorRunner::run_sublayer(const ActView& in, const ActView& out, Fn fn) {
+  Arena& arena = sub_.arena();
+  arena.reset();  // the previous sublayer's scratch is dead
+  if (in.tokens != sub_.tokens() || out.tokens != sub_.tokens()) {
+    return Status(ErrorCode::kInternal, "executor runner: step of " + std::to_string(in.tokens) +
+                                            " tokens, sublayers set up for " +
+                                            std::to_string(sub_.tokens()));
+  }
+  if (in.dtype == ActDType::kF32) {
+    fn(in.f32_data(), out.f32_data());  // sublayers are exact when out aliases in
+    return Status::ok();
+  }
+  float* x = arena.take<float>(in.numel());  // [T, d]
+  widen_rows(in, x);
+  fn(x, x);
+  narrow_rows(x, out);
+  return Status::ok();
+}
+
+Status ExecutorRunner::embed(std::span<const int32_t> tokens, const ActView& out) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  if (out.dtype == ActDType::kF32)
+    return embed_tokens(sub_.weights(), tokens.data(), T, out.f32_data());
+  Arena& arena = sub_.arena();
+  arena.reset();
+  float* x = arena.take<float>(out.numel());
+  ATTNRES_RETURN_IF_ERROR(embed_tokens(sub_.weights(), tokens.data(), T, x));
+  for (int64_t i = 0; i < out.numel(); ++i) out.bf16_data()[i] = f32_to_bf16(x[i]);
+  return Status::ok();
+}
+
+Status ExecutorRunner::attention(int layer, const ActView& in, const ActView& out) {
+  return run_sublayer(in, out, [&](const float* x, float* y) { sub_.attention(layer, x, y); });
+}
+
+Status ExecutorRunner::mlp(int layer, const ActView& in, const ActView& out) {
+  return run_sublayer(in, out, [&](const float* x, float* y) { sub_.mlp(layer, x, y); });
+}
+
+Result<std::unique_ptr<PlannedForward>> PlannedForward::create(const ModelWeights& w,
+                                                               ActDType dtype, int64_t max_tokens,
+                                                               Policy policy, ReadKernel kernel) {
+  const ModelConfig& c = w.config;
+  std::unique_ptr<PlannedForward> pf(new PlannedForward(w));
+  auto widen = [&](const TensorView& t) {
+    std::vector<float> g(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) g[static_cast<size_t>(i)] = t.get_f32(i);
+    pf->gains_.push_back(std::move(g));
+    return std::span<const float>(pf->gains_.back());
+  };
+  pf->gains_.reserve(2 * w.layers.size() + 1);  // spans into gains_ must stay valid
+  ForwardParams& p = pf->params_;
+  p.res_eps = c.rms_norm_eps;
+  p.norm_eps = c.rms_norm_eps;
+  const bool ar = c.schedule.has_attnres();
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& lw = w.layers[i];
+    LayerResParams lp;
+    if (ar && i > 0) lp.attn_query = lw.attn_res_query;
+    if (ar) lp.mlp_query = lw.mlp_res_query;
+    lp.input_layernorm = widen(lw.input_norm);
+    lp.post_attention_layernorm = widen(lw.post_attn_norm);
+    p.layers.push_back(lp);
+  }
+  if (ar) p.output_query = w.out_res_query;
+  p.final_norm = widen(w.final_norm);
+
+  ExecutorOptions eo;
+  eo.dtype = dtype;
+  eo.max_tokens = max_tokens;
+  eo.dim = c.hidden_size;
+  eo.kernel = kernel;
+  Program program = build_program(c.schedule);
+  Plan plan = make_plan(program, policy);
+  ATTNRES_ASSIGN_OR_RETURN(pf->executor_,
+                           Executor::create(std::move(program), std::move(plan), eo));
+  return pf;
+}
+
+Status PlannedForward::run(SequenceState& state, const ForwardOptions& opt, Arena& arena,
+                           const int32_t* tokens, int64_t T, bool all_logits, float* logits) {
+  if (opt.act != executor_->options().dtype) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "planned forward: activation dtype " + std::string(act_dtype_name(opt.act)) +
+                      " but the executor was built for " +
+                      std::string(act_dtype_name(executor_->options().dtype)));
+  }
+  ModelSublayers sub(w_, state, opt, arena, T);
+  ExecutorRunner runner(sub);
+  ATTNRES_RETURN_IF_ERROR(
+      executor_->run(runner, params_, std::span<const int32_t>(tokens, static_cast<size_t>(T))));
+  state.position += T;
+  const int64_t rows = all_logits ? T : 1;
+  const ActView fin = executor_->final_hidden();
+  const int64_t d = w_.config.hidden_size;
+  arena.reset();
+  float* xn = arena.take<float>(rows * d);  // [rows, d] final normalised hidden state
+  ActView last = fin;
+  last.tokens = rows;
+  last.data = static_cast<std::byte*>(fin.data) +
+              static_cast<size_t>((T - rows) * d) * act_dtype_size(fin.dtype);
+  widen_rows(last, xn);
+  lm_head_logits(w_, opt, xn, rows, logits);
+  return Status::ok();
+}
+
+}  // namespace attnres

@@ -1,0 +1,148 @@
+// Session and `attnres run`: greedy generation through the runtime (planned executor, chunked
+// prefill, one-token decode) reproduces the golden tokens and logits; the CLI's logit dump has
+// the documented layout; repeated generation does not allocate.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../model/golden_util.h"
+#include "runtime/session.h"
+
+namespace attnres {
+namespace {
+
+using testing::golden;
+
+SessionOptions f32_session(int64_t chunk, bool planned = true) {
+  SessionOptions o;
+  o.forward.act = ActDType::kF32;
+  o.chunk_size = chunk;
+  o.planned = planned;
+  return o;
+}
+
+TEST(Session, GreedyGenerationMatchesGolden) {
+  struct Run {
+    const char* set;
+    int c;
+  };
+  for (const Run& run : {Run{"tiny-a", 1}, Run{"tiny-b", 3}}) {
+    const char* set = run.set;
+    const testing::GoldenSet& g = golden(set);
+    {
+      const int c = run.c;
+      const std::string p = "case" + std::to_string(c) + ".";
+      const std::vector<int32_t> prompt = g.ids(p + "prompt_ids");
+      const std::vector<int32_t> greedy = g.ids(p + "greedy_ids");
+      auto s = Session::create(g.weights, f32_session(/*chunk=*/24));  // 100 = 4 x 24 + 4
+      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      auto r = generate_greedy(**s, prompt, static_cast<int64_t>(greedy.size()), -1, true);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      EXPECT_EQ(r->generated, greedy) << set << " case " << c;
+      EXPECT_LT(testing::max_abs_diff(r->prefill_logits, g.floats(p + "prefill_logits")), 2e-3f);
+      EXPECT_LT(testing::max_abs_diff(r->decode_logits, g.floats(p + "decode_logits")), 2e-3f);
+      EXPECT_EQ((*s)->position(), static_cast<int64_t>(prompt.size() + greedy.size() - 1));
+    }
+  }
+}
+
+TEST(Session, ReferenceAndPlannedSessionsAgree) {
+  const testing::GoldenSet& g = golden("tiny-b");
+  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
+  std::vector<float> last[2];
+  for (int planned = 0; planned < 2; ++planned) {
+    auto s = Session::create(g.weights, f32_session(10, planned == 1));
+    ASSERT_TRUE(s.is_ok());
+    ASSERT_TRUE((*s)->prefill(prompt, false, last[planned]).is_ok());
+    ASSERT_EQ(last[planned].size(), static_cast<size_t>(g.weights.config.vocab_size));
+  }
+  EXPECT_LT(testing::max_abs_diff(last[0], last[1]), 1e-4f);
+  const std::vector<float> want = g.floats("case2.prefill_logits");
+  EXPECT_LT(testing::max_abs_diff(last[1].data(), want.data() + want.size() - last[1].size(),
+                                  last[1].size()),
+            2e-3f);
+}
+
+TEST(Session, RepeatedGenerationDoesNotAllocateInTheArena) {
+  const testing::GoldenSet& g = golden("tiny-a");
+  const std::vector<int32_t> prompt = g.ids("case1.prompt_ids");
+  auto s = Session::create(g.weights, f32_session(8));
+  ASSERT_TRUE(s.is_ok());
+  ASSERT_TRUE(generate_greedy(**s, prompt, 8, -1, false).is_ok());
+  const int64_t before = (*s)->arena().heap_allocations();
+  (*s)->reset();
+  ASSERT_TRUE(generate_greedy(**s, prompt, 8, -1, false).is_ok());
+  EXPECT_EQ((*s)->arena().heap_allocations(), before);
+}
+
+TEST(Session, RejectsBadInput) {
+  const testing::GoldenSet& g = golden("tiny-a");
+  EXPECT_FALSE(Session::create(g.weights, f32_session(0)).is_ok());
+  auto s = Session::create(g.weights, f32_session(8));
+  ASSERT_TRUE(s.is_ok());
+  std::vector<float> logits;
+  const std::vector<int32_t> bad = {1, 2, static_cast<int32_t>(g.weights.config.vocab_size)};
+  Status st = (*s)->prefill(bad, false, logits);
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+}
+
+// `attnres run --dump-logits` in f32: layout and values against the golden case.
+TEST(RunCli, DumpMatchesGoldenLayoutAndValues) {
+  const testing::GoldenSet& g = golden("tiny-b");
+  const std::vector<int32_t> prompt = g.ids("case1.prompt_ids");
+  const std::vector<int32_t> greedy = g.ids("case1.greedy_ids");
+  std::string ids;
+  for (int32_t t : prompt) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(t);
+  }
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           ("attnres_run_" + std::to_string(::getpid()) + ".safetensors"))
+                              .string();
+  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " run --model " +
+                          testing::golden_dir("tiny-b") + " --prompt-ids " + ids +
+                          " --max-new-tokens 16 --chunk-size 5 --dtype f32 --dump-logits " + out +
+                          " --json > " + out + ".json";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto f = SafetensorsFile::open(out);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const int64_t V = g.weights.config.vocab_size, P = static_cast<int64_t>(prompt.size());
+  auto pre = (*f)->tensor("prefill_logits");
+  auto dec = (*f)->tensor("decode_logits");
+  auto tok = (*f)->tensor("tokens");
+  ASSERT_TRUE(pre.is_ok() && dec.is_ok() && tok.is_ok());
+  EXPECT_EQ(pre->dtype, DType::kF32);
+  EXPECT_EQ(pre->shape, (std::vector<int64_t>{P, V}));
+  EXPECT_EQ(dec->shape, (std::vector<int64_t>{16, V}));
+  EXPECT_EQ(tok->dtype, DType::kI64);
+  EXPECT_EQ(tok->shape, (std::vector<int64_t>{P + 16}));
+  for (int64_t i = 0; i < P + 16; ++i)
+    EXPECT_EQ(tok->as<int64_t>()[i],
+              i < P ? prompt[static_cast<size_t>(i)] : greedy[static_cast<size_t>(i - P)]);
+  const std::vector<float> want_pre = g.floats("case1.prefill_logits");
+  const std::vector<float> want_dec = g.floats("case1.decode_logits");
+  EXPECT_LT(testing::max_abs_diff(pre->as<float>(), want_pre.data(), want_pre.size()), 2e-3f);
+  EXPECT_LT(testing::max_abs_diff(dec->as<float>(), want_dec.data(), want_dec.size()), 2e-3f);
+  std::ifstream js(out + ".json");
+  const nlohmann::json j = nlohmann::json::parse(js);
+  EXPECT_EQ(j["generated"].get<std::vector<int32_t>>(), greedy);
+  EXPECT_EQ(j["prompt_tokens"].get<int64_t>(), P);
+  std::filesystem::remove(out);
+  std::filesystem::remove(out + ".json");
+}
+
+TEST(RunCli, RejectsBadArguments) {
+  const std::string base =
+      std::string(ATTNRES_CLI_PATH) + " run --model " + testing::golden_dir("tiny-b");
+  EXPECT_NE(std::system((base + " --prompt-ids 1,x,3 2>/dev/null >/dev/null").c_str()), 0);
+  EXPECT_NE(std::system((base + " --prompt-ids 1,99999 2>/dev/null >/dev/null").c_str()), 0);
+  EXPECT_NE(std::system((base + " 2>/dev/null >/dev/null").c_str()), 0);  // no prompt
+  EXPECT_NE(std::system((base + " --prompt-ids 1 --dtype fp16 2>/dev/null >/dev/null").c_str()), 0);
+}
+
+}  // namespace
+}  // namespace attnres
