@@ -132,27 +132,27 @@ int32_t sample_token(const SamplingParams& p, std::span<const float> logits,
     sum += prob[id];
   }
   for (int32_t k = 0; k < n; ++k) prob[order[k]] /= sum;
-  // 6. top-p: the shortest prefix of the order reaching top_p, found by sorting a growing
-  // prefix (the sorted prefix and its running sum are those of a full sort).
+  // 6. top-p: the shortest prefix of the order reaching top_p. The order is built in windows
+  // of growing size (nth_element brings the next best ones forward, then they are sorted), so
+  // the prefix and its running sum are those of a full sort without sorting the vocabulary.
   if (p.top_p < 1.0f) {
-    int32_t m = std::min<int32_t>(n, 64);
-    while (true) {
-      std::partial_sort(order, order + m, order + n, before);
-      double cum = 0.0;
-      int32_t keep = -1;
-      for (int32_t k = 0; k < m; ++k) {
+    int32_t sorted = 0, keep = -1, window = 64;
+    double cum = 0.0;
+    while (keep < 0 && sorted < n) {
+      const int32_t end = static_cast<int32_t>(std::min<int64_t>(n, int64_t{sorted} + window));
+      if (end < n) std::nth_element(order + sorted, order + end, order + n, before);
+      std::sort(order + sorted, order + end, before);
+      for (int32_t k = sorted; k < end; ++k) {
         cum += prob[order[k]];
         if (cum >= static_cast<double>(p.top_p)) {
           keep = k + 1;
           break;
         }
       }
-      if (keep > 0 || m == n) {
-        n = keep > 0 ? keep : n;
-        break;
-      }
-      m = static_cast<int32_t>(std::min<int64_t>(n, int64_t{m} * 4));
+      sorted = end;
+      window *= 4;
     }
+    if (keep > 0) n = keep;
     std::sort(order, order + n);
   }
   // 7. min-p relative to the most probable candidate.
