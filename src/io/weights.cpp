@@ -44,10 +44,14 @@ using Shape = std::vector<int64_t>;
 // Binds tensors by canonical name, collecting every problem so one load reports them all.
 class Binder {
  public:
-  Binder(const SafetensorsCheckpoint& ck, BindReport& report) : ck_(ck), report_(report) {}
+  Binder(const SafetensorsCheckpoint& ck, BindReport& report) : ck_(&ck), report_(&report) {}
+  // Enumeration mode: nothing is looked up; every tensor the model needs is recorded in `specs`
+  // with its canonical shape (model_tensor_specs()).
+  explicit Binder(std::vector<TensorSpec>& specs) : specs_(&specs) {}
+  bool enumerating() const { return specs_ != nullptr; }
 
   Status index_names() {
-    for (const auto& [name, loc] : ck_.tensors()) {
+    for (const auto& [name, loc] : ck_->tensors()) {
       const std::string canon = canonical_name(name);
       if (canon == "embed_tokens.weight")  // the file's spelling, for naming missing tensors
         model_prefix_ = name.substr(0, name.size() - canon.size());
@@ -65,7 +69,7 @@ class Binder {
   // it is recorded and an empty view returned (binding continues, so all problems are listed).
   TensorView bind(const std::string& canon, Kind kind, const Shape& shape,
                   const std::string& formula) {
-    TensorView v = lookup(canon, kind);
+    TensorView v = lookup(canon, kind, shape);
     if (v.name.empty()) return TensorView{};
     if (v.shape != shape) {
       problem(ErrorCode::kShapeMismatch, "tensor '" + v.name + "' has shape " + v.shape_string() +
@@ -76,8 +80,13 @@ class Binder {
     return v;
   }
 
-  // The tensor with its dtype checked but not its shape (the caller checks it).
-  TensorView lookup(const std::string& canon, Kind kind) {
+  // The tensor with its dtype checked but not its shape (the caller checks it; `canonical` is
+  // the shape recorded in enumeration mode).
+  TensorView lookup(const std::string& canon, Kind kind, const Shape& canonical) {
+    if (specs_ != nullptr) {
+      specs_->push_back({canon, kind == Kind::kU8, canonical});
+      return TensorView{};
+    }
     auto it = canon_.find(canon);
     if (it == canon_.end()) {
       problem(ErrorCode::kMissingTensor, "missing tensor '" + display(canon) +
@@ -85,7 +94,7 @@ class Binder {
                                              "'language_model.' and 'model.' prefixes)");
       return TensorView{};
     }
-    auto t = ck_.tensor(it->second);
+    auto t = ck_->tensor(it->second);
     if (!t) {  // cannot happen: names come from the checkpoint
       problem(t.status().code(), t.status().message());
       return TensorView{};
@@ -101,14 +110,14 @@ class Binder {
     if (v.data != nullptr && reinterpret_cast<uintptr_t>(v.data) % align != 0) {
       problem(ErrorCode::kUnsupported,
               "tensor '" + v.name + "' is not aligned to its element size " +
-                  std::to_string(align) + " in " + ck_.file_of(*ck_.find(it->second)) +
+                  std::to_string(align) + " in " + ck_->file_of(*ck_->find(it->second)) +
                   " (rewrite the file with aligned offsets)");
       return TensorView{};
     }
     if (bound_.insert(v.name).second) {
       const std::string dn(dtype_name(v.dtype));
-      report_.params_by_dtype[dn] += v.numel();
-      report_.bytes_by_dtype[dn] += static_cast<int64_t>(v.nbytes);
+      report_->params_by_dtype[dn] += v.numel();
+      report_->bytes_by_dtype[dn] += static_cast<int64_t>(v.nbytes);
     }
     return v;
   }
@@ -120,16 +129,18 @@ class Binder {
   bool ok() const { return problems_.empty(); }
 
   Status finish(const std::string& model_dir) {
-    report_.tensors_in_files = static_cast<int64_t>(ck_.tensors().size());
-    report_.tensors_bound = static_cast<int64_t>(bound_.size());
-    report_.extra_tensors = 0;
-    for (const auto& [name, loc] : ck_.tensors()) {
+    report_->tensors_in_files = static_cast<int64_t>(ck_->tensors().size());
+    report_->tensors_bound = static_cast<int64_t>(bound_.size());
+    report_->extra_tensors = 0;
+    for (const auto& [name, loc] : ck_->tensors()) {
       if (bound_.count(name)) continue;
-      if (report_.extra_examples.size() < kMaxExtraExamples) report_.extra_examples.push_back(name);
-      ++report_.extra_tensors;
+      if (report_->extra_examples.size() < kMaxExtraExamples)
+        report_->extra_examples.push_back(name);
+      ++report_->extra_tensors;
     }
-    report_.bytes_mapped = 0;
-    for (const auto& f : ck_.files()) report_.bytes_mapped += static_cast<int64_t>(f->file_bytes());
+    report_->bytes_mapped = 0;
+    for (const auto& f : ck_->files())
+      report_->bytes_mapped += static_cast<int64_t>(f->file_bytes());
     if (problems_.empty()) return Status::ok();
     std::string msg = model_dir + ": " + std::to_string(problems_.size()) + " weight problem" +
                       (problems_.size() > 1 ? "s" : "") + ":";
@@ -149,8 +160,9 @@ class Binder {
   }
 
  private:
-  const SafetensorsCheckpoint& ck_;
-  BindReport& report_;
+  const SafetensorsCheckpoint* ck_ = nullptr;
+  BindReport* report_ = nullptr;
+  std::vector<TensorSpec>* specs_ = nullptr;
   std::map<std::string, std::string> canon_;  // canonical -> name in the file
   std::string model_prefix_ = "language_model.model.";
   std::set<std::string> bound_;
@@ -172,7 +184,7 @@ std::string dims(std::initializer_list<std::pair<const char*, int64_t>> terms) {
 std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d, TensorView& norm,
                               TensorView& proj) {
   norm = b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
-  proj = b.lookup(prefix + "_proj.weight", Kind::kFloat);
+  proj = b.lookup(prefix + "_proj.weight", Kind::kFloat, Shape{1, d});
   if (proj.name.empty() || norm.name.empty()) return {};
   // Published as nn.Linear(d, 1): [1, d]; a flat [d] has the same bytes.
   if (proj.shape != Shape{1, d} && proj.shape != Shape{d}) {
@@ -189,7 +201,7 @@ std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d, T
 
 // A_log: [H], zero-padded [N > H] (first H used) or legacy [1, 1, H, 1].
 std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H, TensorView& t) {
-  t = b.lookup(name, Kind::kFloat);
+  t = b.lookup(name, Kind::kFloat, Shape{H});
   if (t.name.empty()) return {};
   const bool flat = t.rank() == 1 && t.shape[0] >= H;
   const bool legacy = t.shape == Shape{1, 1, H, 1};
@@ -300,7 +312,7 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
   w.gate_bias =
       b.bind(p + "gate.e_score_correction_bias", Kind::kFloat, {E}, dims({{"num_experts", E}}));
   // E is only trusted once the router [E, d] exists in the file (it bounds the allocation).
-  if (w.gate.name.empty()) return w;
+  if (w.gate.name.empty() && !b.enumerating()) return w;
   w.experts.resize(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
@@ -375,15 +387,11 @@ LayerWeights bind_layer(Binder& b, const ModelConfig& c, const LayerInfo& info) 
 
 }  // namespace
 
-Result<ModelWeights> load_model(const std::string& model_dir) {
-  ModelWeights mw;
-  ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
-  ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
-  const ModelConfig& c = mw.config;
-  const int64_t d = c.hidden_size, V = c.vocab_size;
+namespace {
 
-  Binder b(ck, mw.report);
-  ATTNRES_RETURN_IF_ERROR(b.index_names());
+// Binds (or, in enumeration mode, lists) every tensor of the model into `mw`.
+void bind_model(Binder& b, const ModelConfig& c, ModelWeights& mw) {
+  const int64_t d = c.hidden_size, V = c.vocab_size;
   const std::string vd = dims({{"vocab_size", V}, {"hidden_size", d}});
   mw.embed = b.bind("embed_tokens.weight", Kind::kFloat, {V, d}, vd);
   mw.final_norm = b.bind("norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
@@ -394,7 +402,25 @@ Result<ModelWeights> load_model(const std::string& model_dir) {
     mw.out_res_query = fold_query(b, "output_attn_res", d, mw.out_res_norm, mw.out_res_proj);
   mw.layers.reserve(c.schedule.layers.size());
   for (const LayerInfo& info : c.schedule.layers) mw.layers.push_back(bind_layer(b, c, info));
+}
 
+}  // namespace
+
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config) {
+  std::vector<TensorSpec> specs;
+  Binder b(specs);
+  ModelWeights unused;
+  bind_model(b, config, unused);
+  return specs;
+}
+
+Result<ModelWeights> load_model(const std::string& model_dir) {
+  ModelWeights mw;
+  ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
+  ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
+  Binder b(ck, mw.report);
+  ATTNRES_RETURN_IF_ERROR(b.index_names());
+  bind_model(b, mw.config, mw);
   ATTNRES_RETURN_IF_ERROR(b.finish(model_dir));
   mw.files = ck.files();
   return mw;

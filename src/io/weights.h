@@ -123,6 +123,20 @@ struct ModelWeights {
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
 };
 
+// A tensor the model needs, by canonical name (no `language_model.`/`model.` prefix; the
+// release spells them `language_model.model.<name>` and `language_model.lm_head.weight`).
+// `u8` = MXFP4 packed codes or E8M0 scales; otherwise BF16 or F32. `shape` is the canonical
+// shape (A_log [H], *_res_proj [1, d]); the binder also accepts the documented variants.
+struct TensorSpec {
+  std::string name;
+  bool u8 = false;
+  std::vector<int64_t> shape;
+};
+
+// Every tensor load_model() binds for `config`, in binding order. The binder itself produces
+// the list, so a checkpoint written from it binds with nothing missing.
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config);
+
 // Loads `model_dir/config.json` and binds the tensors of `model.safetensors` or of the shards
 // listed in `model.safetensors.index.json`.
 Result<ModelWeights> load_model(const std::string& model_dir);

@@ -1,0 +1,362 @@
+#include "synth/synth.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "config/config.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
+#include "util/numeric.h"
+
+namespace attnres {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// 1-based layer lists as published: MLA at every 4th layer and the last one, KDA elsewhere.
+void set_layer_lists(json& tc, int layers) {
+  json full = json::array(), kda = json::array();
+  for (int l = 1; l <= layers; ++l) {
+    if (l % 4 == 0 || l == layers)
+      full.push_back(l);
+    else
+      kda.push_back(l);
+  }
+  tc["linear_attn_config"]["full_attn_layers"] = full;
+  tc["linear_attn_config"]["kda_layers"] = kda;
+}
+
+// The published text_config with the size fields given.
+json k3_text_config(int layers, int hidden, int vocab, int block, int kda_heads, int mla_heads,
+                    int q_lora, int kv_lora, int nope, int rope, int v_dim, int dense_inter,
+                    int experts, int topk, int shared, int moe_inter, int latent) {
+  json tc = {
+      {"activation_situ_beta", 4.0},
+      {"activation_situ_linear_beta", 25.0},
+      {"architectures", {"KimiLinearForCausalLM"}},
+      {"attn_res_block_size", block},
+      {"bos_token_id", vocab - 6},
+      {"eos_token_id", vocab - 4},
+      {"pad_token_id", vocab - 1},
+      {"dtype", "bfloat16"},
+      {"first_k_dense_replace", 1},
+      {"hidden_act", "situ"},
+      {"hidden_size", hidden},
+      {"intermediate_size", dense_inter},
+      {"kv_lora_rank", kv_lora},
+      {"latent_moe_use_norm", true},
+      {"linear_attn_config",
+       {{"gate_lower_bound", -5.0},
+        {"head_dim", 128},
+        {"num_heads", kda_heads},
+        {"short_conv_kernel_size", 4},
+        {"use_full_rank_gate", true}}},
+      {"max_position_embeddings", 1048576},
+      {"mla_use_nope", true},
+      {"mla_use_output_gate", true},
+      {"model_type", "kimi_linear"},
+      {"moe_intermediate_size", moe_inter},
+      {"moe_layer_freq", 1},
+      {"moe_renormalize", true},
+      {"moe_router_activation_func", "sigmoid"},
+      {"num_attention_heads", mla_heads},
+      {"num_expert_group", 1},
+      {"num_experts", experts},
+      {"num_experts_per_token", topk},
+      {"num_hidden_layers", layers},
+      {"num_key_value_heads", mla_heads},
+      {"num_nextn_predict_layers", 0},
+      {"num_shared_experts", shared},
+      {"q_lora_rank", q_lora},
+      {"qk_nope_head_dim", nope},
+      {"qk_rope_head_dim", rope},
+      {"rms_norm_eps", 1e-5},
+      {"routed_expert_hidden_size", latent},
+      {"routed_scaling_factor", 1.0},
+      {"tie_word_embeddings", false},
+      {"topk_group", 1},
+      {"topk_method", "noaux_tc"},
+      {"use_cache", true},
+      {"use_grouped_topk", true},
+      {"v_head_dim", v_dim},
+      {"vocab_size", vocab},
+      {"quantization_config",
+       {{"format", "mxfp4-pack-quantized"},
+        {"quant_method", "compressed-tensors"},
+        {"quantization_status", "compressed"},
+        {"config_groups",
+         {{"group_0",
+           {{"format", "mxfp4-pack-quantized"},
+            {"targets", {"Linear"}},
+            {"weights",
+             {{"group_size", 32},
+              {"num_bits", 4},
+              {"scale_dtype", "torch.uint8"},
+              {"strategy", "group"},
+              {"symmetric", true},
+              {"type", "float"}}}}}}},
+        {"ignore",
+         {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+          "re:.*lm_head.*"}}}},
+  };
+  set_layer_lists(tc, layers);
+  return tc;
+}
+
+// splitmix64: a small, fast, well-mixed generator; seeded per (tensor, chunk) so the fill is
+// the same whatever the thread count.
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.ends_with(suffix);
+}
+
+// Storage dtype of the release for a canonical tensor name (k3-model.md §5).
+DType release_dtype(const std::string& canon) {
+  if (ends_with(canon, "weight_packed") || ends_with(canon, "weight_scale")) return DType::kU8;
+  if (ends_with(canon, "conv1d.weight") || ends_with(canon, "A_log") ||
+      ends_with(canon, "dt_bias") || ends_with(canon, "o_norm.weight") ||
+      ends_with(canon, "e_score_correction_bias"))
+    return DType::kF32;
+  return DType::kBF16;
+}
+
+bool is_gain(const std::string& canon) {
+  return ends_with(canon, "layernorm.weight") || ends_with(canon, "norm.weight");
+}
+
+// Fills `out` (numel elements of `dtype`) for the tensor `canon` of `shape`.
+void fill_tensor(const std::string& canon, DType dtype, const std::vector<int64_t>& shape,
+                 int64_t numel, uint64_t seed, std::byte* out) {
+  constexpr int64_t kChunk = 1 << 16;
+  const uint64_t base = fnv1a(canon) ^ (seed * 0x9e3779b97f4a7c15ull);
+  const int64_t fan_in = shape.size() >= 2 ? shape[1] : 1;
+  // value(i, u): u uniform in [-1, 1)
+  float scale = std::sqrt(3.0f / static_cast<float>(fan_in));  // std 1/sqrt(fan_in)
+  float offset = 0.0f;
+  bool exp_of_uniform = false;  // A_log = log(U(1, 16))
+  if (is_gain(canon)) {
+    scale = 0.1f;
+    offset = 1.0f;
+  } else if (ends_with(canon, "embed_tokens.weight")) {
+    scale = std::sqrt(3.0f);
+  } else if (ends_with(canon, "_res_proj.weight")) {
+    scale = 2.0f * std::sqrt(3.0f / static_cast<float>(shape.back()));
+  } else if (ends_with(canon, "conv1d.weight")) {
+    scale = 0.5f;
+  } else if (ends_with(canon, "dt_bias")) {
+    scale = 1.0f;
+  } else if (ends_with(canon, "e_score_correction_bias")) {
+    scale = 0.01f;
+  } else if (ends_with(canon, "A_log")) {
+    exp_of_uniform = true;
+  }
+  // E8M0 exponent for MXFP4 blocks: E2M1 magnitudes average ~2.6, so scale 2^e with
+  // 2^e * 2.6 ~ 1/sqrt(K) gives rows of std ~1/sqrt(K).
+  int e8m0_base = 127;
+  if (ends_with(canon, "weight_scale")) {
+    const double k = 32.0 * static_cast<double>(shape.back());
+    e8m0_base = 127 + static_cast<int>(std::floor(std::log2(1.0 / (2.6 * std::sqrt(k)))));
+  }
+  const bool packed = ends_with(canon, "weight_packed");
+  const bool scales = ends_with(canon, "weight_scale");
+  const int64_t chunks = (numel + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    SplitMix rng{base + static_cast<uint64_t>(c) * 0xd1b54a32d192ed03ull};
+    const int64_t end = std::min(numel, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      if (packed) {
+        out[i] = static_cast<std::byte>(rng.next() & 0xff);
+        continue;
+      }
+      if (scales) {
+        out[i] = static_cast<std::byte>(e8m0_base + static_cast<int>(rng.next() & 1));
+        continue;
+      }
+      float v = exp_of_uniform ? std::log(1.0f + 7.5f * (rng.uniform() + 1.0f))
+                               : offset + scale * rng.uniform();
+      if (dtype == DType::kF32) {
+        std::memcpy(out + i * 4, &v, 4);
+      } else {
+        const bf16 b = f32_to_bf16(v);
+        std::memcpy(out + i * 2, &b.bits, 2);
+      }
+    }
+  }
+}
+
+std::string published_name(const std::string& canon) {
+  if (canon == "lm_head.weight") return "language_model.lm_head.weight";
+  return "language_model.model." + canon;
+}
+
+Status write_text_file(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Status(ErrorCode::kIoError, tmp.string() + ": cannot create file");
+    out << text;
+    out.flush();
+    if (!out) return Status(ErrorCode::kIoError, tmp.string() + ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Status(ErrorCode::kIoError, path.string() + ": rename failed: " + ec.message());
+  return Status::ok();
+}
+
+}  // namespace
+
+std::vector<std::string> synth_preset_names() {
+  return {"tiny", "k3-mini"};
+}
+
+Result<SynthPreset> synth_preset(const std::string& name) {
+  SynthPreset p;
+  p.name = name;
+  if (name == "tiny") {
+    p.description = "7 layers, hidden 128, block 3 (3 slots, partial final block), 8 experts";
+    p.text_config = k3_text_config(/*layers=*/7, /*hidden=*/128, /*vocab=*/512, /*block=*/3,
+                                   /*kda_heads=*/2, /*mla_heads=*/2, /*q_lora=*/64,
+                                   /*kv_lora=*/64, /*nope=*/32, /*rope=*/16, /*v_dim=*/32,
+                                   /*dense_inter=*/256, /*experts=*/8, /*topk=*/2, /*shared=*/1,
+                                   /*moe_inter=*/64, /*latent=*/64);
+    p.text_config["linear_attn_config"]["head_dim"] = 32;
+  } else if (name == "k3-mini") {
+    p.description =
+        "Kimi-K3 graph at ~2 GB: 20 layers, hidden 1024, block 6 (4 slots, partial final block), "
+        "256 MXFP4 experts top-8, latent 512";
+    p.text_config = k3_text_config(/*layers=*/20, /*hidden=*/1024, /*vocab=*/32768, /*block=*/6,
+                                   /*kda_heads=*/8, /*mla_heads=*/8, /*q_lora=*/384,
+                                   /*kv_lora=*/512, /*nope=*/128, /*rope=*/64, /*v_dim=*/128,
+                                   /*dense_inter=*/4096, /*experts=*/256, /*topk=*/8,
+                                   /*shared=*/2, /*moe_inter=*/512, /*latent=*/512);
+    p.shard_bytes = int64_t{1} << 30;
+  } else {
+    std::string known;
+    for (const auto& n : synth_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    return Status(ErrorCode::kInvalidArgument,
+                  "unknown model preset '" + name + "' (known: " + known + ")");
+  }
+  return p;
+}
+
+Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::string& out_dir,
+                                          uint64_t seed, bool overwrite) {
+  const json root = {{"architectures", {"KimiK3ForConditionalGeneration"}},
+                     {"model_type", "kimi_k3"},
+                     {"tie_word_embeddings", false},
+                     {"bos_token_id", preset.text_config["bos_token_id"]},
+                     {"eos_token_id", preset.text_config["eos_token_id"]},
+                     {"pad_token_id", preset.text_config["pad_token_id"]},
+                     {"text_config", preset.text_config}};
+  const std::string config_text = root.dump(2) + "\n";
+  const fs::path dir(out_dir);
+  const std::string config_path = (dir / "config.json").string();
+  ATTNRES_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(config_text, config_path));
+  const std::vector<TensorSpec> specs = model_tensor_specs(cfg);
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Status(ErrorCode::kIoError, out_dir + ": cannot create directory: " + ec.message());
+  if (!overwrite) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string f = entry.path().filename().string();
+      if (f == "config.json" || f.ends_with(".safetensors") || f == "model.safetensors.index.json")
+        return Status(
+            ErrorCode::kInvalidArgument,
+            out_dir + ": already holds '" + f + "'; choose an empty directory or pass --overwrite");
+    }
+  }
+
+  // Assign tensors to shards (in order) by size.
+  struct Planned {
+    const TensorSpec* spec;
+    DType dtype;
+    std::vector<int64_t> shape;
+    int64_t numel;
+    int64_t bytes;
+  };
+  std::vector<std::vector<Planned>> shards(1);
+  int64_t shard_size = 0, total = 0;
+  for (const TensorSpec& s : specs) {
+    Planned p{&s, s.u8 ? DType::kU8 : release_dtype(s.name), s.shape, 1, 0};
+    // A_log ships zero-padded to head_dim when head_dim > num_heads, as the release does.
+    if (s.name.ends_with("A_log") && cfg.linear.head_dim > s.shape[0])
+      p.shape = {cfg.linear.head_dim};
+    for (int64_t v : p.shape) p.numel *= v;
+    p.bytes = p.numel * static_cast<int64_t>(dtype_size(p.dtype));
+    if (preset.shard_bytes > 0 && shard_size > 0 && shard_size + p.bytes > preset.shard_bytes) {
+      shards.emplace_back();
+      shard_size = 0;
+    }
+    shards.back().push_back(std::move(p));
+    shard_size += shards.back().back().bytes;
+    total += shards.back().back().bytes;
+  }
+
+  SynthReport report;
+  json weight_map = json::object();
+  const int n = static_cast<int>(shards.size());
+  for (int si = 0; si < n; ++si) {
+    char fname[64];
+    if (preset.shard_bytes > 0)
+      std::snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", si + 1, n);
+    else
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    std::vector<std::vector<std::byte>> buffers;
+    std::vector<TensorToWrite> tensors;
+    buffers.reserve(shards[static_cast<size_t>(si)].size());
+    for (const Planned& p : shards[static_cast<size_t>(si)]) {
+      buffers.emplace_back(static_cast<size_t>(p.bytes));
+      fill_tensor(p.spec->name, p.dtype, p.shape, p.numel, seed, buffers.back().data());
+      if (p.spec->name.ends_with("A_log") && p.shape[0] > p.spec->shape[0]) {
+        // Zero the padding: only the first num_heads entries are meaningful.
+        std::memset(buffers.back().data() + p.spec->shape[0] * 4, 0,
+                    static_cast<size_t>((p.shape[0] - p.spec->shape[0]) * 4));
+      }
+      const std::string name = published_name(p.spec->name);
+      tensors.push_back({name, p.dtype, p.shape, buffers.back().data()});
+      weight_map[name] = fname;
+      report.tensors++;
+    }
+    ATTNRES_RETURN_IF_ERROR(write_safetensors(
+        (dir / fname).string(), tensors,
+        {{"format", "pt"}, {"attnres_preset", preset.name}, {"seed", std::to_string(seed)}}));
+    report.files++;
+  }
+  report.bytes = total;
+  if (preset.shard_bytes > 0) {
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    ATTNRES_RETURN_IF_ERROR(
+        write_text_file(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  ATTNRES_RETURN_IF_ERROR(write_text_file(dir / "config.json", config_text));
+  return report;
+}
+
+}  // namespace attnres

@@ -1,0 +1,45 @@
+// Synthetic checkpoints in the published Kimi-K3 layout: config.json (top-level object with a
+// `text_config`, MXFP4 `quantization_config`) plus safetensors with the published tensor names,
+// storage dtypes and MXFP4 packing, filled with deterministic random weights. The loader reads
+// them exactly like a published checkpoint; benchmarks and tests use them.
+//
+// Contract: the same (preset, seed) always produces byte-identical files. Weights are scaled so
+// activations stay O(1) through the layers (projections ~ U with std 1/sqrt(fan_in), gains near
+// 1, E8M0 scales chosen per block so MXFP4 rows have the same std). Files are written
+// atomically (temporary file + rename); a directory that already holds a config.json or
+// safetensors files is refused unless `overwrite` is set, so no user file is lost.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/status.h"
+
+namespace attnres {
+
+struct SynthPreset {
+  std::string name;
+  std::string description;
+  nlohmann::json text_config;  // the fields a published text_config carries
+  int64_t shard_bytes = 0;     // 0: one model.safetensors; else shards + index of about this size
+};
+
+// Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "k3-mini" (the K3
+// graph at ~2 GB: 20 layers, hidden 1024, block 6 -> 4 slots and a partial final block).
+std::vector<std::string> synth_preset_names();
+Result<SynthPreset> synth_preset(const std::string& name);
+
+struct SynthReport {
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+  int files = 0;
+};
+
+// Writes config.json and the weights of `preset` into `out_dir` (created if needed).
+Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::string& out_dir,
+                                          uint64_t seed, bool overwrite = false);
+
+}  // namespace attnres
