@@ -1,6 +1,7 @@
 // Projection micro-benchmarks, each reporting its fraction of the relevant limit:
 //  - GEMV (decode, T = 1; bf16 and MXFP4 weights): achieved weight GB/s and its fraction of this
-//    machine's STREAM read and triad bandwidth (bench/stream_bench.cpp, same process). Each call
+//    machine's STREAM read and triad bandwidth (bench/stream_bench.cpp, same process), and of a
+//    STREAM read pass of the same size timed right after each call (of_read_paired). Each call
 //    reads a different copy of the weights, cycling through >= 3x the last-level cache, so the
 //    weights come from DRAM as they do in a real decode (all layers together are GBs).
 //  - GEMM (prefill, T > 1): GFLOP/s (2 T N K per call) and, counter vs_openblas, its fraction of
@@ -91,10 +92,18 @@ class BestOf {
   double total_ = 0.0;
 };
 
-void set_bandwidth_counters(benchmark::State& state, int64_t bytes_per_call, const BestOf& b) {
+// GB/s counters. `read` (may be null) times stream_read_pass over a different, equally sized
+// copy right after each call: of_read_paired = best read time / best kernel time, measured
+// under the same machine state (robust to a shared machine's moving load).
+void set_bandwidth_counters(benchmark::State& state, int64_t bytes_per_call, const BestOf& b,
+                            const BestOf* read) {
   const StreamResult& s = stream_limit();
   const double bytes = static_cast<double>(bytes_per_call);
   const double best_gb_s = bytes / b.seconds() * 1e-9;
+  if (read != nullptr) {
+    state.counters["read_best_GB/s"] = bytes / read->seconds() * 1e-9;
+    state.counters["of_read_paired"] = read->seconds() / b.seconds();
+  }
   state.counters["weight_MiB"] = bytes / kMiB;
   state.counters["GB/s"] = benchmark::Counter(
       bytes * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
@@ -133,13 +142,17 @@ void BM_GemvBf16(benchmark::State& state) {
   const std::vector<float> x = random_f32(K, 2);             // [K]
   std::vector<float> y(static_cast<size_t>(N));              // [N]
   int64_t c = 0;
-  BestOf best;
+  BestOf best, read;
+  const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
   for (auto _ : state) {
     best.time([&] { matmul(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
     benchmark::DoNotOptimize(y.data());
+    const int64_t other = (c + copies / 2) % copies;
+    read.time(
+        [&] { benchmark::DoNotOptimize(stream_read_pass(bytes + other * per * 2, per * 2, 0)); });
     c = (c + 1) % copies;
   }
-  set_bandwidth_counters(state, per * 2, best);
+  set_bandwidth_counters(state, per * 2, best, &read);
 }
 BENCHMARK(BM_GemvBf16)
     ->ArgNames({"N", "K"})
@@ -162,15 +175,21 @@ void BM_GemvMxfp4(benchmark::State& state) {
   const std::vector<float> x = random_f32(K, 5);                              // [K]
   std::vector<float> y(static_cast<size_t>(N));                               // [N]
   int64_t c = 0;
-  BestOf best;
+  BestOf best, read;
   for (auto _ : state) {
     best.time([&] {
       mxfp4_matmul(x.data(), 1, packed.data() + c * pb, scale.data() + c * ps, N, K, y.data());
     });
     benchmark::DoNotOptimize(y.data());
+    const int64_t other = (c + copies / 2) % copies;
+    read.time([&] {
+      const auto* p = reinterpret_cast<const std::byte*>(packed.data() + other * pb);
+      const auto* q = reinterpret_cast<const std::byte*>(scale.data() + other * ps);
+      benchmark::DoNotOptimize(stream_read_pass(p, pb, 0) + stream_read_pass(q, ps, 0));
+    });
     c = (c + 1) % copies;
   }
-  set_bandwidth_counters(state, pb + ps, best);
+  set_bandwidth_counters(state, pb + ps, best, &read);
 }
 BENCHMARK(BM_GemvMxfp4)
     ->ArgNames({"N", "K"})
@@ -198,7 +217,7 @@ void BM_GemvOpenblasF32(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
   }
-  set_bandwidth_counters(state, per * 4, best);
+  set_bandwidth_counters(state, per * 4, best, nullptr);
 }
 BENCHMARK(BM_GemvOpenblasF32)
     ->ArgNames({"N", "K"})

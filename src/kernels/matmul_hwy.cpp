@@ -87,8 +87,9 @@ constexpr int kMRq = 4, kNRq = 1;
 // f32 weight rows.
 struct F32Rows {
   const float* w;
-  int64_t K;
+  int64_t N, K;
   static constexpr int64_t kBytesPerElem = 4;
+  const void* Addr(int64_t n, int64_t k) const { return w + n * K + k; }
   HWY_INLINE VF Load(DF df, int64_t n, int64_t k) const { return hn::LoadU(df, w + n * K + k); }
   HWY_INLINE VF LoadTail(DF df, int64_t n, int64_t k) const {
     HWY_ALIGN float buf[kMaxLanes] = {};
@@ -100,8 +101,9 @@ struct F32Rows {
 // bf16 weight rows, widened exactly (bf16 is the high half of an f32).
 struct Bf16Rows {
   const uint16_t* w;
-  int64_t K;
+  int64_t N, K;
   static constexpr int64_t kBytesPerElem = 2;
+  const void* Addr(int64_t n, int64_t k) const { return w + n * K + k; }
   HWY_INLINE VF Widen(DF df, const uint16_t* p) const {
     const hn::Rebind<uint16_t, DF> du16;
     const hn::Rebind<uint32_t, DF> du32;
@@ -114,6 +116,11 @@ struct Bf16Rows {
     return Widen(df, buf);
   }
 };
+
+// Read prefetch into L2 (not L1: the demand loads of the current tile keep L1's miss buffers).
+HWY_INLINE void PrefetchL2(const void* p) {
+  __builtin_prefetch(p, /*rw=*/0, /*locality=*/2);
+}
 
 HWY_INLINE VF LoadTokenTail(DF df, const float* x, int64_t k, int64_t K) {
   HWY_ALIGN float buf[kMaxLanes] = {};
@@ -133,6 +140,15 @@ HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& 
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
   int64_t k = 0;
   for (; k + L <= K; k += L) {
+    if constexpr (MR == 1) {
+      // Decode streams rows once: prefetch (into L2, one line per 64 bytes) the rows two tiles
+      // ahead at the same offset, so rows do not each start a cold hardware-prefetch stream
+      // (hardware prefetchers stop at 4 KiB pages; a row is at most a few pages). Measured on
+      // Zen 4: single-core GEMV from ~0.5-0.75 to ~0.85-1.0 of a same-size read pass.
+      if (((k * Rows::kBytesPerElem) & 63) == 0)
+        for (int r = 0; r < NR; ++r)
+          if (n0 + 2 * NR + r < rows.N) PrefetchL2(rows.Addr(n0 + 2 * NR + r, k));
+    }
     VF wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = rows.Load(df, n0 + r, k);
     for (int m = 0; m < MR; ++m) {
@@ -224,6 +240,19 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 #endif
 }
 
+// Decode (one token) streams each MXFP4 row once: prefetch block b of the rows two tiles ahead
+// (one line per 4 blocks, and their scales one line per 64 blocks), as in DenseTile.
+HWY_INLINE void Mxfp4PrefetchNext(const uint8_t* packed, const uint8_t* scale, int64_t N, int64_t K,
+                                  int64_t n0, int NR, int64_t b) {
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  for (int r = 0; r < NR; ++r) {
+    const int64_t n = n0 + 2 * NR + r;
+    if (n >= N) break;
+    if ((b & 3) == 0) PrefetchL2(packed + n * row_bytes + b * 16);
+    if ((b & 63) == 0) PrefetchL2(scale + n * row_scales + b);
+  }
+}
+
 #if HWY_TARGET == HWY_AVX3
 // AVX-512 decode: vpermps looks up 16 f32 table entries by the low 4 bits of each 32-bit index
 // and ignores the rest, so the packed bytes zero-extended to 32 bits index the even-k values
@@ -254,8 +283,9 @@ HWY_INLINE void DecodeBlockEvenOdd(const uint8_t* HWY_RESTRICT p, uint8_t s, __m
 // AVX3 tile: per 32-element block, each token's x is split into even and odd k (two vpermt2ps,
 // shared by the NR rows) and each accumulator lane j takes k = 32b + 2j, then 32b + 2j + 1.
 template <int MR, int NR>
-HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* packed,
-                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
+                            const uint8_t* packed, const uint8_t* scale, int64_t n0,
+                            float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
@@ -267,6 +297,7 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
   for (int64_t b = 0; b < row_scales; ++b) {
+    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     VF we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
       DecodeBlockEvenOdd(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b],
@@ -289,8 +320,9 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
 #else  // other targets: decode to k-ordered vectors
 
 template <int MR, int NR>
-HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* packed,
-                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
+                            const uint8_t* packed, const uint8_t* scale, int64_t n0,
+                            float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
@@ -298,6 +330,7 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
   for (int64_t b = 0; b < row_scales; ++b) {
+    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     VF wv[NR][kBlockVecs];  // decoded block of each row
     for (int r = 0; r < NR; ++r)
       DecodeBlock(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b], wv[r]);
@@ -390,11 +423,11 @@ void DenseMatmul(const float* x, int64_t T, const Rows& rows, int64_t N, float* 
 }
 
 void MatmulF32(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
-  DenseMatmul(x, T, F32Rows{w, K}, N, y);
+  DenseMatmul(x, T, F32Rows{w, N, K}, N, y);
 }
 
 void MatmulBf16(const float* x, int64_t T, const uint16_t* w, int64_t N, int64_t K, float* y) {
-  DenseMatmul(x, T, Bf16Rows{w, K}, N, y);
+  DenseMatmul(x, T, Bf16Rows{w, N, K}, N, y);
 }
 
 void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
@@ -402,7 +435,7 @@ void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t
   Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize,
                     [&](auto mr, auto nr, int64_t t, int64_t n) {
                       Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
-                          x + t * K, K, packed, scale, n, y + t * N + n, N);
+                          x + t * K, N, K, packed, scale, n, y + t * N + n, N);
                     });
 }
 

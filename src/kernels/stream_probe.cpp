@@ -1,13 +1,15 @@
 // STREAM-style bandwidth probe (see stream_probe.h for the contract).
 //
 // The kernels are idempotent so every pass does the same work and the final contents have a
-// closed form: a = 1 (read-only), copy c = a (-> 1), triad b = a + 3 c (-> 4), read sum(b)
-// (-> 4 n, exact in f64 for any n that fits in memory).
+// closed form: a = 1 (read-only), copy c = a (-> 1), triad b = a + 3 c (-> 4), read: the sum
+// of b's 64-bit words mod 2^64 (-> n times the bits of 4.0).
 #include "kernels/stream_probe.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -26,6 +28,44 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads) {
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_get_max_threads();
+#else
+  threads = 1;
+#endif
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(uint64_t));
+  uint64_t acc = 0;
+  // Integer adds (no floating-point assists on arbitrary bit patterns), eight independent
+  // partial sums per thread so add latency never caps a core's read rate; the same contiguous
+  // static partition as the kernels' `omp for schedule(static)`.
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+  {
+    int64_t begin = 0, end = n;
+#ifdef _OPENMP
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    begin = n * id / nt;
+    end = n * (id + 1) / nt;
+#endif
+    uint64_t p[8] = {};
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      uint64_t w[8];
+      std::memcpy(w, data + i * 8, sizeof(w));  // unaligned-safe 64-byte load
+      for (int j = 0; j < 8; ++j) p[j] += w[j];
+    }
+    for (; i < end; ++i) {
+      uint64_t w;
+      std::memcpy(&w, data + i * 8, sizeof(w));
+      p[0] += w;
+    }
+    acc += ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+  }
+  for (size_t i = static_cast<size_t>(n) * sizeof(uint64_t); i < bytes; ++i)
+    acc += static_cast<uint64_t>(data[i]);
+  return acc;
+}
 
 size_t last_level_cache_bytes() {
   const size_t llc = cpu_info().llc_bytes;
@@ -67,7 +107,7 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
 
   const double array = static_cast<double>(n) * sizeof(double);
   double best_copy = 1e30, best_triad = 1e30, best_read = 1e30;
-  double sum = 0.0;
+  uint64_t sum = 0;
   const double s = 3.0;
   // One untimed warm-up pass (page faults, frequency ramp), then `reps` timed passes.
   for (int rep = 0; rep <= options.reps; ++rep) {
@@ -82,33 +122,8 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
     const double t_triad = seconds_since(t0);
 
     t0 = std::chrono::steady_clock::now();
-    double acc = 0.0;
-    // Eight independent partial sums per thread so the add latency does not cap a core's read
-    // rate below its memory bandwidth (one dependent chain reads ~16 B per add latency). The
-    // sum's order is irrelevant: every term is 4.0 and all partial sums are exact.
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-    {
-      int64_t begin = 0, end = n;
-#ifdef _OPENMP
-      const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-      begin = n * id / nt;
-      end = n * (id + 1) / nt;
-#endif
-      double p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
-      int64_t i = begin;
-      for (; i + 8 <= end; i += 8) {
-        p0 += pb[i];
-        p1 += pb[i + 1];
-        p2 += pb[i + 2];
-        p3 += pb[i + 3];
-        p4 += pb[i + 4];
-        p5 += pb[i + 5];
-        p6 += pb[i + 6];
-        p7 += pb[i + 7];
-      }
-      for (; i < end; ++i) p0 += pb[i];
-      acc += ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7));
-    }
+    const uint64_t acc = stream_read_pass(reinterpret_cast<const std::byte*>(pb),
+                                          static_cast<size_t>(n) * sizeof(double), threads);
     const double t_read = seconds_since(t0);
     sum = acc;
     if (rep == 0) continue;
@@ -120,11 +135,13 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
   int64_t bad = 0;
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) bad += (pa[i] != 1.0) + (pc[i] != 1.0) + (pb[i] != 4.0);
-  if (bad != 0 || sum != 4.0 * static_cast<double>(n))
+  // The read pass sums 64-bit words (mod 2^64): n copies of the bits of 4.0.
+  const uint64_t expect_sum = static_cast<uint64_t>(n) * std::bit_cast<uint64_t>(4.0);
+  if (bad != 0 || sum != expect_sum)
     return Status(ErrorCode::kInternal,
-                  "stream_probe: result check: expected a=1, c=1, b=4 and sum=" +
-                      std::to_string(4.0 * static_cast<double>(n)) + ", found " +
-                      std::to_string(bad) + " wrong elements and sum=" + std::to_string(sum));
+                  "stream_probe: result check: expected a=1, c=1, b=4 and word sum " +
+                      std::to_string(expect_sum) + ", found " + std::to_string(bad) +
+                      " wrong elements and word sum " + std::to_string(sum));
 
   StreamResult r;
   r.copy_gb_s = 2.0 * array / best_copy * 1e-9;

@@ -7,13 +7,14 @@
 // kernel and reports the best pass as GB/s (1 GB = 1e9 bytes):
 //   copy:  c[i] = a[i]                 counts 2 arrays of traffic (STREAM convention, no
 //   triad: a[i] = b[i] + s * c[i]      counts 3 arrays              write-allocate traffic)
-//   read:  sum += a[i]                 counts 1 array (the access pattern of a GEMV: a pure
+//   read:  sum += b[i] (64-bit words)  counts 1 array (the access pattern of a GEMV: a pure
 //                                      streaming read; the limit decode GEMV is held to)
 // The arrays' final contents are checked against the closed-form values (as STREAM does), and
 // a mismatch is an error. Not thread-safe with itself (it saturates the machine by design).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "util/status.h"
 
@@ -33,6 +34,12 @@ struct StreamResult {
   int threads = 0;
   int reps = 0;
 };
+
+// One read pass (the probe's read kernel) over bytes [data, data + bytes): the sum of its 64-bit
+// words mod 2^64 (returned so the loads cannot be elided), `threads` OpenMP threads (0: all),
+// contiguous static partition. Benchmarks pair it with a kernel reading the same number of
+// bytes, call for call, so both see the same machine state.
+uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads);
 
 // Last-level cache size in bytes (util/cpu.h, from sysfs), or 32 MiB if the OS does not say.
 size_t last_level_cache_bytes();

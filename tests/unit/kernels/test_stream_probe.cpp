@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "kernels/stream_probe.h"
 
@@ -24,6 +28,23 @@ TEST(StreamProbe, SmallArraysVerifyAndReportBandwidth) {
     EXPECT_TRUE(std::isfinite(gb_s));
     EXPECT_GT(gb_s, 0.0);
   }
+}
+
+TEST(StreamProbe, ReadPassSumsWordsWithAnyThreadCount) {
+  // 1000 words plus 5 tail bytes, unaligned start: sum of words + tail bytes, mod 2^64.
+  std::vector<std::byte> buf(8 * 1000 + 5 + 3);
+  const std::byte* data = buf.data() + 3;
+  uint64_t expect = 0;
+  for (size_t i = 0; i < 1000; ++i) {
+    const uint64_t w = 0x0123456789abcdefull * (i + 1);
+    std::memcpy(buf.data() + 3 + 8 * i, &w, 8);
+    expect += w;
+  }
+  for (size_t i = 0; i < 5; ++i) {
+    buf[3 + 8000 + i] = static_cast<std::byte>(200 + i);
+    expect += 200 + i;
+  }
+  for (int threads : {1, 2, 3}) EXPECT_EQ(stream_read_pass(data, 8005, threads), expect) << threads;
 }
 
 TEST(StreamProbe, RejectsBadOptions) {
