@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "model/forward.h"
+#include "model/planned.h"
 
 namespace attnres::testing {
 
@@ -135,6 +136,33 @@ inline std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int64_
     for (int64_t i = 1; i < V; ++i)
       if (row[i] > row[best]) best = static_cast<int32_t>(i);
     out.push_back(best);
+  }
+  return out;
+}
+
+// Prefill (in chunks of `chunk`) then teacher-forced decode of `fed` through PlannedForward.
+// Returns prefill logits [P, V] followed by decode rows 1.. (row 0 is the last prefill row).
+inline std::vector<float> planned_run(const ModelWeights& w, const std::vector<int32_t>& prompt,
+                                      const std::vector<int32_t>& fed, const ForwardOptions& opt,
+                                      int64_t chunk, Policy policy = Policy::kPlanned,
+                                      ReadKernel kernel = ReadKernel::kFused) {
+  const int64_t V = w.config.vocab_size, P = static_cast<int64_t>(prompt.size());
+  auto pf = PlannedForward::create(w, opt.act, chunk, policy, kernel);
+  EXPECT_TRUE(pf.is_ok()) << pf.status().to_string();
+  if (!pf.is_ok()) return {};
+  SequenceState state = SequenceState::create(w.config, opt.cache_dtype());
+  Arena arena;
+  std::vector<float> out(static_cast<size_t>(P * V));
+  for (int64_t t0 = 0; t0 < P; t0 += chunk) {
+    const int64_t n = std::min(chunk, P - t0);
+    Status st = (*pf)->run(state, opt, arena, prompt.data() + t0, n, true, out.data() + t0 * V);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  for (size_t j = 0; j + 1 < fed.size(); ++j) {
+    std::vector<float> row(static_cast<size_t>(V));
+    Status st = (*pf)->run(state, opt, arena, &fed[j], 1, false, row.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    out.insert(out.end(), row.begin(), row.end());
   }
   return out;
 }

@@ -2,6 +2,10 @@
 // data and against reference_forward(), in f32 and bf16.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "golden_util.h"
 #include "model/planned.h"
 
@@ -9,33 +13,6 @@ namespace attnres {
 namespace {
 
 using testing::golden;
-
-// Prefill (in chunks of `chunk`) then teacher-forced decode of `fed` through PlannedForward.
-// Returns prefill logits [P, V] followed by decode rows 1.. (row 0 is the last prefill row).
-std::vector<float> planned_run(const ModelWeights& w, const std::vector<int32_t>& prompt,
-                               const std::vector<int32_t>& fed, const ForwardOptions& opt,
-                               int64_t chunk, Policy policy = Policy::kPlanned,
-                               ReadKernel kernel = ReadKernel::kFused) {
-  const int64_t V = w.config.vocab_size, P = static_cast<int64_t>(prompt.size());
-  auto pf = PlannedForward::create(w, opt.act, chunk, policy, kernel);
-  EXPECT_TRUE(pf.is_ok()) << pf.status().to_string();
-  if (!pf.is_ok()) return {};
-  SequenceState state = SequenceState::create(w.config, opt.cache_dtype());
-  Arena arena;
-  std::vector<float> out(static_cast<size_t>(P * V));
-  for (int64_t t0 = 0; t0 < P; t0 += chunk) {
-    const int64_t n = std::min(chunk, P - t0);
-    Status st = (*pf)->run(state, opt, arena, prompt.data() + t0, n, true, out.data() + t0 * V);
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-  }
-  for (size_t j = 0; j + 1 < fed.size(); ++j) {
-    std::vector<float> row(static_cast<size_t>(V));
-    Status st = (*pf)->run(state, opt, arena, &fed[j], 1, false, row.data());
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-    out.insert(out.end(), row.begin(), row.end());
-  }
-  return out;
-}
 
 TEST(PlannedForward, MatchesGoldenAllCases) {
   for (const char* set : {"tiny-a", "tiny-b"}) {
@@ -46,7 +23,7 @@ TEST(PlannedForward, MatchesGoldenAllCases) {
       const std::vector<int32_t> prompt = g.ids(p + "prompt_ids");
       const std::vector<int32_t> greedy = g.ids(p + "greedy_ids");
       const std::vector<float> got =
-          planned_run(g.weights, prompt, greedy, testing::f32_options(), 64);
+          testing::planned_run(g.weights, prompt, greedy, testing::f32_options(), 64);
       const size_t P = prompt.size() * static_cast<size_t>(V);
       ASSERT_EQ(got.size(), P + (greedy.size() - 1) * static_cast<size_t>(V));
       const std::vector<float> pre(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(P));
@@ -69,7 +46,7 @@ TEST(PlannedForward, AgreesWithReferenceForwardForSeparateAndPlannedPolicies) {
   for (Policy policy : {Policy::kSeparate, Policy::kPlanned}) {
     for (ReadKernel k : {ReadKernel::kReference, ReadKernel::kFused}) {
       const std::vector<float> got =
-          planned_run(g.weights, prompt, {}, testing::f32_options(), 40, policy, k);
+          testing::planned_run(g.weights, prompt, {}, testing::f32_options(), 40, policy, k);
       EXPECT_LT(testing::max_abs_diff(got, ref), 1e-4f) << policy_name(policy);
     }
   }
@@ -82,7 +59,7 @@ TEST(PlannedForward, Bf16AgreesWithReferenceBf16Flow) {
   ForwardOptions opt;  // bf16
   const std::vector<int32_t> prompt = g.ids("case0.prompt_ids");
   const std::vector<float> ref = testing::prefill(g.weights, prompt, opt);
-  const std::vector<float> got = planned_run(g.weights, prompt, {}, opt, 16);
+  const std::vector<float> got = testing::planned_run(g.weights, prompt, {}, opt, 16);
   const float diff = testing::max_abs_diff(got, ref);
   std::printf("[ tiny-a ] bf16 planned vs reference: %.3g\n", diff);
   EXPECT_LT(diff, 0.1f);
@@ -114,6 +91,47 @@ TEST(PlannedForward, Bf16SublayersExactWhenOutputAliasesInput) {
     }
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(separate[i].bits, aliased[i].bits) << layer;
   }
+}
+
+// The plain-residual path (a config without attn_res_block_size, Kimi-Linear style):
+// h = h + attn(norm(h)); h = h + mlp(norm(h)). tiny-b's weights with the AttnRes key removed
+// (its res tensors are then unused extras). No golden data exist for it, so the reference
+// dataflow, the executor's plain program and incremental decode are checked against each other,
+// and against the AttnRes model (they must differ).
+TEST(PlainResidual, ReferencePlannedAndDecodeAgree) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("attnres_plain_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(testing::golden_dir("tiny-b") + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["text_config"].erase("attn_res_block_size");
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  fs::create_symlink(fs::absolute(testing::golden_dir("tiny-b") + "/model.safetensors"),
+                     dir / "model.safetensors");
+  auto loaded = load_model(dir.string());
+  fs::remove_all(dir);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const ModelWeights& w = loaded.value();
+  ASSERT_FALSE(w.config.schedule.has_attnres());
+  EXPECT_GT(w.report.extra_tensors, 0);  // the unused *_res_* tensors
+
+  const testing::GoldenSet& g = golden("tiny-b");
+  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
+  std::vector<int32_t> fed = g.ids("case2.greedy_ids");
+  fed.resize(5);
+  const ForwardOptions opt = testing::f32_options();
+  const int64_t V = w.config.vocab_size, P = static_cast<int64_t>(prompt.size());
+  const std::vector<float> ref = testing::prefill(w, prompt, opt);
+  const std::vector<float> planned = testing::planned_run(w, prompt, fed, opt, 16);
+  EXPECT_LT(testing::max_abs_diff(planned.data(), ref.data(), ref.size()), 1e-4f);
+  // Decode rows 1.. against a full prefill of prompt + fed tokens.
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), fed.begin(), fed.end() - 1);
+  const std::vector<float> full = testing::prefill(w, all, opt);
+  EXPECT_LT(testing::max_abs_diff(planned.data() + P * V, full.data() + P * V,
+                                  full.size() - static_cast<size_t>(P * V)),
+            1e-4f);
+  EXPECT_GT(testing::max_abs_diff(ref, g.floats("case2.prefill_logits")), 1.0f);
 }
 
 }  // namespace
