@@ -8,7 +8,9 @@
 //   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
 //           then scores, softmax (attnres_softmax, shared with the reference)
 //   pass 3  mixture m = T(p_0 v_0 + p_1 v_1 + ...) (separate multiply and add, as the
-//           reference), stored to out; accumulates sum(m^2)
+//           reference), stored to out; accumulates sum(m^2). In bf16 the columns are taken
+//           2L at a time as even and odd elements (a shift and a mask instead of a widening
+//           shuffle), the same operations per element.
 //   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place
 // Passes 2-4 re-read the row from L1/L2 (at most 9 x d elements per row), so main memory sees
 // each source row once per read.
@@ -178,6 +180,39 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     T* raw = a.raw_mixture ? a.raw_mixture + o : nullptr;
     VF ss = hn::Zero(df);
     int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (std::is_same_v<T, bf16>) {
+      // 2N bf16 per load, split into even and odd elements by a shift and a mask (no lane
+      // shuffle), mixed separately and packed back: same operations per element as below.
+      const DU du;
+      const hn::Repartition<uint16_t, DF> d16;
+      const auto hi_mask = hn::Set(du, 0xffff0000u);
+      VF ss_odd = hn::Zero(df);
+      for (; j + 2 * N <= d; j += 2 * N) {
+        auto raw_bits = [&](int s) {
+          return hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
+        };
+        const auto r0 = raw_bits(0);
+        const VF p0 = hn::Set(df, score[0]);
+        VF even = hn::Mul(p0, hn::BitCast(df, hn::ShiftLeft<16>(r0)));
+        VF odd = hn::Mul(p0, hn::BitCast(df, hn::And(r0, hi_mask)));
+        for (int s = 1; s < n; ++s) {
+          const auto r = raw_bits(s);
+          const VF ps = hn::Set(df, score[s]);
+          even = hn::Add(even, hn::Mul(ps, hn::BitCast(df, hn::ShiftLeft<16>(r))));
+          odd = hn::Add(odd, hn::Mul(ps, hn::BitCast(df, hn::And(r, hi_mask))));
+        }
+        const VF me = CastT<T>(df, even), mo = CastT<T>(df, odd);
+        const auto packed =
+            hn::Or(hn::And(hn::BitCast(du, mo), hi_mask), hn::ShiftRight<16>(hn::BitCast(du, me)));
+        hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(out + j));
+        if (raw) hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(raw + j));
+        ss = hn::MulAdd(me, me, ss);
+        ss_odd = hn::MulAdd(mo, mo, ss_odd);
+      }
+      ss = hn::Add(ss, ss_odd);
+    }
+#endif
     for (; j + N <= d; j += N) {
       VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
       for (int s = 1; s < n; ++s) {

@@ -139,12 +139,14 @@ T* ptr(const ActView& v) {
   return static_cast<T*>(v.data);
 }
 
+// One read step on the storages the plan names: T rows of the arena's [max_tokens, d] buffers.
 template <typename T>
-void read_with(const Executor& ex, const Step& s, const float* query, const float* gain,
-               const ForwardParams& p, float* inv_rms, int64_t max_tokens, ReadKernel k) {
+void read_with(const Executor& ex, const Step& s, int64_t tokens, const float* query,
+               const float* gain, const ForwardParams& p, float* inv_rms, int64_t max_tokens,
+               ReadKernel k) {
   const Program& prog = ex.program();
   AttnResStepArgs<T> a;
-  a.tokens = ex.storage_view(0).tokens;
+  a.tokens = tokens;
   a.dim = ex.options().dim;
   a.res_eps = p.res_eps;
   a.norm_eps = p.norm_eps;
@@ -175,7 +177,6 @@ void read_with(const Executor& ex, const Step& s, const float* query, const floa
 }  // namespace
 
 Status Executor::run_read(const Step& s, const ForwardParams& p, int64_t T) {
-  (void)T;
   std::span<const float> q, gain;
   if (s.kind == StepKind::kFinalRead) {
     q = p.output_query;
@@ -191,9 +192,9 @@ Status Executor::run_read(const Step& s, const ForwardParams& p, int64_t T) {
   const float* qp = q.empty() ? nullptr : q.data();
   float* inv = arena_->inv_rms.data();
   if (options_.dtype == ActDType::kBF16) {
-    read_with<bf16>(*this, s, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
+    read_with<bf16>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
   } else {
-    read_with<float>(*this, s, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
+    read_with<float>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
   }
   return Status::ok();
 }
