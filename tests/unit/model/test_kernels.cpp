@@ -12,6 +12,7 @@
 #include "kernels/mla.h"
 #include "kernels/norm.h"
 #include "kernels/router.h"
+#include "model/state.h"
 
 namespace attnres {
 namespace {
@@ -235,6 +236,49 @@ TEST(NormKernel, RmsNormAliasingAndBf16) {
   rms_norm(x.data(), 3, 16, gv, 1e-5f, true, yb.data());
   for (float v : yb) EXPECT_EQ(v, round_bf16(v));
   EXPECT_LT(max_abs_diff(y, yb), 0.05f);
+}
+
+}  // namespace
+}  // namespace attnres
+
+namespace attnres {
+namespace {
+
+// Latent cache storage: f32 exact; bf16 within half a bf16 ulp; fp8 e4m3 with per-token,
+// per-part scales within half an e4m3 ulp (2^-4 relative for normals, 2^-10 * scale absolute
+// in the subnormal range).
+TEST(LatentCacheStorage, RoundTripErrorBounds) {
+  const int64_t r = 64, R = 16, T = 9;
+  std::vector<float> c_kv = randn(T * r, 71), k_rot = randn(T * R, 72, 30.0f);
+  for (int64_t i = 0; i < r; ++i) c_kv[i] = 0.0f;  // an all-zero part: scale 1, exact zeros
+  for (KvCacheDtype dt : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kFP8}) {
+    LatentCache cache(dt, r, R);
+    cache.append(c_kv.data(), k_rot.data(), 4);  // two appends: rows keep their own scales
+    cache.append(c_kv.data() + 4 * r, k_rot.data() + 4 * R, T - 4);
+    ASSERT_EQ(cache.size(), T);
+    std::vector<float> c2(T * r), k2(T * R);
+    cache.read(T, c2.data(), k2.data());
+    for (int part = 0; part < 2; ++part) {
+      const std::vector<float>& x = part == 0 ? c_kv : k_rot;
+      const std::vector<float>& y = part == 0 ? c2 : k2;
+      const int64_t w = part == 0 ? r : R;
+      for (int64_t t = 0; t < T; ++t) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < w; ++i) amax = std::max(amax, std::fabs(x[t * w + i]));
+        const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+        for (int64_t i = 0; i < w; ++i) {
+          const float a = x[t * w + i], b = y[t * w + i];
+          float bound = 0.0f;
+          if (dt == KvCacheDtype::kBF16) bound = std::fabs(a) * std::ldexp(1.0f, -8);
+          if (dt == KvCacheDtype::kFP8)
+            bound = std::max(std::fabs(a) * 0.0625f, scale * std::ldexp(1.0f, -10)) * 1.0001f;
+          ASSERT_LE(std::fabs(a - b), bound) << kv_cache_dtype_name(dt) << " t" << t << " i" << i;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(LatentCache(KvCacheDtype::kFP8, 512, 64).bytes_per_token(), 576u + 8u);
+  EXPECT_EQ(LatentCache(KvCacheDtype::kBF16, 512, 64).bytes_per_token(), 1152u);
 }
 
 }  // namespace
