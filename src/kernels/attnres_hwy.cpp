@@ -6,7 +6,8 @@
 //   pass 1  rs' = T(rs_in + pending), stored to rs_out (and to the commit slot when it is other
 //           storage); accumulates sum(rs'^2) and dot(rs', q)
 //   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
-//           then scores, softmax (attnres_softmax, shared with the reference)
+//           then scores, softmax (attnres_softmax, shared with the reference). In bf16, up
+//           to 8 slots share one pass over q (DotsBf16).
 //   pass 3  mixture m = T(p_0 v_0 + p_1 v_1 + ...) (separate multiply and add, as the
 //           reference), stored to out; accumulates sum(m^2). In bf16 the columns are taken
 //           2L at a time as even and odd elements (a shift and a mask instead of a widening
@@ -22,6 +23,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +66,41 @@ HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = null
   for (; j < d; ++j) s += WidenS(v[j]) * q[j];
   return s;
 }
+
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+// dot(rows[s], q) for up to kDotGroup bf16 rows in one pass over the columns: q is split into
+// its even and odd elements once per 2L columns (two shuffles, shared by every row) and each
+// row's 2L bf16 are split by a shift and a mask, so no row element is shuffled. One
+// accumulator per row, then the tail. next[s] (may be null) is prefetched along the way.
+constexpr int kDotGroup = 8;
+HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int count,
+                         const float* q, int64_t d, float* out) {
+  const DF df;
+  const DU du;
+  const hn::Repartition<uint16_t, DF> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto hi_mask = hn::Set(du, 0xffff0000u);
+  VF acc[kDotGroup];
+  for (int s = 0; s < count; ++s) acc[s] = hn::Zero(df);
+  int64_t j = 0;
+  for (; j + 2 * N <= d; j += 2 * N) {
+    const VF qa = hn::LoadU(df, q + j), qb = hn::LoadU(df, q + j + N);
+    const VF qe = hn::ConcatEven(df, qb, qa), qo = hn::ConcatOdd(df, qb, qa);
+    for (int s = 0; s < count; ++s) {
+      if (next[s]) __builtin_prefetch(next[s] + j, 0, kPrefetchLocality);
+      const auto r =
+          hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
+      acc[s] = hn::MulAdd(hn::BitCast(df, hn::ShiftLeft<16>(r)), qe, acc[s]);
+      acc[s] = hn::MulAdd(hn::BitCast(df, hn::And(r, hi_mask)), qo, acc[s]);
+    }
+  }
+  for (int s = 0; s < count; ++s) {
+    float sum = hn::GetLane(hn::SumOfLanes(df, acc[s]));
+    for (int64_t k = j; k < d; ++k) sum += bf16_to_f32(rows[s][k]) * q[k];
+    out[s] = sum;
+  }
+}
+#endif
 
 template <typename T>
 HWY_INLINE float SumSq(const T* v, int64_t d) {
@@ -165,10 +202,21 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
     rows[a.num_slots] = rs;
     if (scored) {
-      for (int s = 0; s < a.num_slots; ++s) {
-        const T* next = t + 1 < a.tokens ? rows[s] + d : nullptr;
-        score[s] = Dot(rows[s], a.query, d, next) * a.slot_inv_rms[s][t];
+      const T* next[kMaxAttnResSources];
+      for (int s = 0; s < a.num_slots; ++s) next[s] = t + 1 < a.tokens ? rows[s] + d : nullptr;
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+      if constexpr (std::is_same_v<T, bf16>) {
+        for (int s0 = 0; s0 < a.num_slots; s0 += kDotGroup) {
+          DotsBf16(rows + s0, next + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d,
+                   score + s0);
+        }
+      } else {
+        for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, next[s]);
       }
+#else
+      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, next[s]);
+#endif
+      for (int s = 0; s < a.num_slots; ++s) score[s] *= a.slot_inv_rms[s][t];
       score[a.num_slots] = rs_dot * rs_inv_rms;
       attnres_softmax(score, n);
     } else {
