@@ -11,6 +11,7 @@ namespace attnres {
 namespace {
 
 constexpr TokenId kNoRank = INT32_MAX;
+constexpr uint64_t kEmptySlot = UINT64_MAX;
 // Ranks above this are rejected: a table that large would be a corrupt file, and the decode
 // table is dense in ranks.
 constexpr int64_t kMaxRank = (int64_t{1} << 26) - 1;
@@ -88,17 +89,31 @@ uint64_t RankTable::hash(std::string_view s) const {
 }
 
 void RankTable::insert_slot(TokenId rank) {
-  uint64_t pos = hash(bytes(rank)) & slot_mask_;
-  while (slots_[pos] >= 0) pos = (pos + 1) & slot_mask_;
-  slots_[pos] = rank;
+  const uint64_t h = hash(bytes(rank));
+  uint64_t pos = h & slot_mask_;
+  while (slots_[pos] != kEmptySlot) pos = (pos + 1) & slot_mask_;
+  slots_[pos] = (h & 0xffffffff00000000ULL) | static_cast<uint32_t>(rank);
 }
 
 TokenId RankTable::find(std::string_view s) const {
+  if (s.size() <= 2 && !short_ranks_.empty()) {
+    if (s.empty()) return -1;
+    const auto b0 = static_cast<unsigned char>(s[0]);
+    return s.size() == 1 ? short_ranks_[b0]
+                         : short_ranks_[256 + b0 * 256u + static_cast<unsigned char>(s[1])];
+  }
   if (slots_.empty()) return -1;
-  uint64_t pos = hash(s) & slot_mask_;
+  const uint64_t h = hash(s);
+  const uint64_t tag = h & 0xffffffff00000000ULL;
+  uint64_t pos = h & slot_mask_;
   while (true) {
-    const TokenId r = slots_[pos];
-    if (r < 0) return -1;
+    const uint64_t slot = slots_[pos];
+    if (slot == kEmptySlot) return -1;
+    if ((slot & 0xffffffff00000000ULL) != tag) {
+      pos = (pos + 1) & slot_mask_;
+      continue;
+    }
+    const TokenId r = static_cast<TokenId>(slot & 0xffffffffu);
     const uint32_t off = offsets_[r];
     if (offsets_[r + 1] - off == s.size() &&
         std::memcmp(arena_.data() + off, s.data(), s.size()) == 0)
@@ -183,7 +198,7 @@ Result<RankTable> RankTable::parse(std::string_view text, const std::string& sou
 
   size_t cap = 16;
   while (cap < 2 * entries.size()) cap <<= 1;
-  t.slots_.assign(cap, -1);
+  t.slots_.assign(cap, kEmptySlot);
   t.slot_mask_ = cap - 1;
   for (const Entry& en : entries) {
     const TokenId existing = t.find(en.bytes);
@@ -198,6 +213,12 @@ Result<RankTable> RankTable::parse(std::string_view text, const std::string& sou
                         std::to_string(other_line) + ")");
     }
     t.insert_slot(en.rank);
+  }
+  t.short_ranks_.assign(256 + 65536, -1);
+  for (const Entry& en : entries) {
+    const auto* b = reinterpret_cast<const unsigned char*>(en.bytes.data());
+    if (en.bytes.size() == 1) t.short_ranks_[b[0]] = en.rank;
+    if (en.bytes.size() == 2) t.short_ranks_[256 + b[0] * 256u + b[1]] = en.rank;
   }
   if (require_all_bytes) {
     for (int b = 0; b < 256; ++b) {

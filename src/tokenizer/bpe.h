@@ -49,7 +49,11 @@ class RankTable {
 
   std::string arena_;              // all token bytes, in rank order
   std::vector<uint32_t> offsets_;  // [max_rank + 2]: bytes of rank r = arena_[off[r], off[r+1])
-  std::vector<TokenId> slots_;     // open-addressing table of ranks, -1 = empty; size 2^k
+  // Open-addressing table, size 2^k: (hash >> 32) << 32 | rank, kEmptySlot when empty. The
+  // stored hash bits reject most non-matching slots without touching the token bytes.
+  std::vector<uint64_t> slots_;
+  // Direct tables for the commonest lookups in BPE: 1- and 2-byte strings. -1 = not a token.
+  std::vector<TokenId> short_ranks_;  // [256 + 65536]: byte b at b, pair (a, b) at 256 + a*256 + b
   uint64_t slot_mask_ = 0;
   size_t count_ = 0;
 };
