@@ -88,8 +88,8 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
 
 namespace {
 int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
-  // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C]
-  return C * dk + C * C + C * dk + C * dv + C;
+  // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C], q decayed row [dk]
+  return C * dk + C * C + C * dk + C * dv + C + dk;
 }
 }  // namespace
 
@@ -109,6 +109,7 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
     float* w = A + C * C;                                   // [C, dk]
     float* u = w + C * dk;                                  // [C, dv]
     float* aqk = u + C * dv;                                // [C]
+    float* qg = aqk + C;                                    // [dk] q_c * exp(gc_c)
     auto row = [H, h](int64_t t, int64_t width) { return (t * H + h) * width; };
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t L = std::min(C, T - t0);
@@ -169,22 +170,27 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
             acc += qc[d] * std::exp(gc[c * dk + d] - gc[j * dk + d]) * kj[d];
           aqk[j] = acc;
         }
+        for (int64_t d = 0; d < dk; ++d) qg[d] = qc[d] * std::exp(gc[c * dk + d]);
         float* oc = o + row(t0 + c, dv);
         for (int64_t e = 0; e < dv; ++e) {
           float acc = 0.0f;
-          for (int64_t d = 0; d < dk; ++d) acc += qc[d] * std::exp(gc[c * dk + d]) * S[d * dv + e];
+          for (int64_t d = 0; d < dk; ++d) acc += qg[d] * S[d * dv + e];
           for (int64_t j = 0; j <= c; ++j) acc += aqk[j] * u[j * dv + e];
           oc[e] = acc;
         }
       }
-      // S = diag(exp(gc_last)) S + sum_c (exp(gc_last - gc_c) * k_c) v_new_c^T
+      // S = diag(exp(gc_last)) S + sum_c (exp(gc_last - gc_c) * k_c) v_new_c^T; the decayed
+      // keys go into w (w is dead once v_new is formed).
       const float* gl = gc + (L - 1) * dk;
+      float* kdec = w;  // [C, dk]
+      for (int64_t c = 0; c < L; ++c)
+        for (int64_t d = 0; d < dk; ++d)
+          kdec[c * dk + d] = std::exp(gl[d] - gc[c * dk + d]) * k[row(t0 + c, dk) + d];
       for (int64_t d = 0; d < dk; ++d) {
         const float decay = std::exp(gl[d]);
         for (int64_t e = 0; e < dv; ++e) {
           float acc = S[d * dv + e] * decay;
-          for (int64_t c = 0; c < L; ++c)
-            acc += std::exp(gl[d] - gc[c * dk + d]) * k[row(t0 + c, dk) + d] * u[c * dv + e];
+          for (int64_t c = 0; c < L; ++c) acc += kdec[c * dk + d] * u[c * dv + e];
           S[d * dv + e] = acc;
         }
       }

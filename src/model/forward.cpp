@@ -34,10 +34,9 @@ void ModelSublayers::mlp(int layer, const float* in, float* out) {
 
 void model_attnres_read(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
                         float eps, bool bf16_out, float* out) {
-  constexpr int kMaxSources = 64;
 #pragma omp parallel for schedule(static) if (T * d * S > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
-    float p[kMaxSources];
+    float p[kMaxReadSources];
     float mx = -std::numeric_limits<float>::infinity();
     for (int j = 0; j < S; ++j) {
       const float* v = sources[j] + t * d;
@@ -147,6 +146,12 @@ Status reference_forward(const ModelWeights& w, SequenceState& state, const Forw
   } else {
     int max_slots = 0;
     for (int i = 0; i < s.num_layers(); ++i) max_slots += commits_at(s, opt.mis, i) ? 1 : 0;
+    if (max_slots + 1 > kMaxReadSources) {
+      return Status(ErrorCode::kUnsupported,
+                    c.source + ": AttnRes reads would see " + std::to_string(max_slots + 1) +
+                        " sources (bank slots + running sum), at most " +
+                        std::to_string(kMaxReadSources) + " are supported");
+    }
     std::vector<float*> bank;  // committed slots, each [T, d]
     std::vector<const float*> srcs;
     bank.reserve(static_cast<size_t>(max_slots));

@@ -50,7 +50,10 @@ class ModelSublayers {
   int64_t T_;
 };
 
-// Scalar AttnRes read over S sources (sources[j] is [T, d]):
+// Most sources one AttnRes read may have (the published model: 8 slots + the running sum).
+inline constexpr int kMaxReadSources = 64;
+
+// Scalar AttnRes read over S <= kMaxReadSources sources (sources[j] is [T, d]):
 //   score_j = dot(v_j, q) * rsqrt(mean(v_j^2) + eps); p = softmax(score); out = sum_j p_j v_j,
 // in f32, rounded to bf16 when bf16_out. out must not alias a source.
 void model_attnres_read(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
