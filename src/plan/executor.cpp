@@ -28,6 +28,7 @@ struct Executor::Arena {
   std::byte* base = nullptr;
   size_t storage_bytes = 0;    // bytes of one [max_tokens, d] storage, rounded up to 64
   std::vector<float> inv_rms;  // [bank_slots, max_tokens]
+  std::byte* raw = nullptr;    // [max_tokens, d] raw mixture (capture_raw_mixture) or null
   ~Arena() { std::free(base); }
 };
 
@@ -55,7 +56,9 @@ Result<std::unique_ptr<Executor>> Executor::create(Program program, Plan plan,
   const size_t raw = static_cast<size_t>(options.max_tokens) * static_cast<size_t>(options.dim) *
                      act_dtype_size(options.dtype);
   arena->storage_bytes = (raw + 63) / 64 * 64;
-  const size_t total = arena->storage_bytes * static_cast<size_t>(ex->plan_.num_storages());
+  const size_t buffers =
+      static_cast<size_t>(ex->plan_.num_storages()) + (options.capture_raw_mixture ? 1 : 0);
+  const size_t total = arena->storage_bytes * buffers;
   arena->base = static_cast<std::byte*>(std::aligned_alloc(64, total > 0 ? total : 64));
   if (arena->base == nullptr) {
     return Status(ErrorCode::kInternal, "executor: cannot allocate the activation arena of " +
@@ -69,13 +72,26 @@ Result<std::unique_ptr<Executor>> Executor::create(Program program, Plan plan,
   std::memset(arena->base, 0, total);
   arena->inv_rms.assign(
       static_cast<size_t>(ex->program_.bank_slots) * static_cast<size_t>(options.max_tokens), 0.0f);
+  if (options.capture_raw_mixture) {
+    arena->raw = arena->base + arena->storage_bytes * static_cast<size_t>(ex->plan_.num_storages());
+  }
   ex->arena_ = std::move(arena);
   return ex;
 }
 
 size_t Executor::arena_bytes() const {
-  return arena_->storage_bytes * static_cast<size_t>(plan_.num_storages()) +
+  return arena_->storage_bytes *
+             (static_cast<size_t>(plan_.num_storages()) + (arena_->raw != nullptr ? 1 : 0)) +
          arena_->inv_rms.size() * sizeof(float);
+}
+
+ActView Executor::raw_mixture_view() const {
+  ActView v;
+  v.data = arena_->raw;
+  v.dtype = options_.dtype;
+  v.tokens = last_tokens_;
+  v.dim = options_.dim;
+  return v;
 }
 
 ActView Executor::storage_view(int storage) const {
@@ -143,7 +159,7 @@ T* ptr(const ActView& v) {
 template <typename T>
 void read_with(const Executor& ex, const Step& s, int64_t tokens, const float* query,
                const float* gain, const ForwardParams& p, float* inv_rms, int64_t max_tokens,
-               ReadKernel k) {
+               ReadKernel k, void* raw) {
   const Program& prog = ex.program();
   AttnResStepArgs<T> a;
   a.tokens = tokens;
@@ -171,6 +187,7 @@ void read_with(const Executor& ex, const Step& s, int64_t tokens, const float* q
   a.query = query;
   a.norm_weight = gain;
   a.out = ptr<T>(ex.value_view(s.out));
+  a.raw_mixture = static_cast<T*>(raw);
   run_step(a, k);
 }
 
@@ -192,9 +209,11 @@ Status Executor::run_read(const Step& s, const ForwardParams& p, int64_t T) {
   const float* qp = q.empty() ? nullptr : q.data();
   float* inv = arena_->inv_rms.data();
   if (options_.dtype == ActDType::kBF16) {
-    read_with<bf16>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
+    read_with<bf16>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel,
+                    arena_->raw);
   } else {
-    read_with<float>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel);
+    read_with<float>(*this, s, T, qp, gain.data(), p, inv, options_.max_tokens, options_.kernel,
+                     arena_->raw);
   }
   return Status::ok();
 }
@@ -228,6 +247,7 @@ Status Executor::run(SublayerRunner& runner, const ForwardParams& params,
     }
     if (observer) {
       for (int v : s.writes()) observer(s, v, value_view(v));
+      if (s.is_read() && arena_->raw != nullptr) observer(s, -1, raw_mixture_view());
     }
   }
   return Status::ok();

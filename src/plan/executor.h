@@ -96,10 +96,14 @@ struct ExecutorOptions {
   // A plan with verifier findings is refused (kHazard) unless this is set. Only the lifetime
   // harness sets it, to demonstrate what the hazard does.
   bool allow_hazards = false;
+  // Keep one more [max_tokens, d] buffer for the raw (pre-norm) mixture of every read and hand
+  // it to the StepObserver after each read step (value -1). For golden comparisons.
+  bool capture_raw_mixture = false;
 };
 
 // Called after every step with the values that step defined and the storage now holding each
-// (e.g. to dump intermediates for golden comparisons). Views are valid only during the call.
+// (e.g. to dump intermediates for golden comparisons), and, with capture_raw_mixture, after
+// each read step with value -1 and the read's raw mixture. Views are valid only during the call.
 using StepObserver = std::function<void(const Step& step, int value, const ActView& view)>;
 
 class Executor {
@@ -132,6 +136,7 @@ class Executor {
   Executor(Program program, Plan plan, const ExecutorOptions& options);
   Status check_params(const ForwardParams& params) const;
   Status run_read(const Step& step, const ForwardParams& params, int64_t T);
+  ActView raw_mixture_view() const;
 
   Program program_;
   Plan plan_;

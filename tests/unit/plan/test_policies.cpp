@@ -185,7 +185,7 @@ std::vector<T> read(const std::vector<std::vector<T>>& bank, const std::vector<T
 // input_layernorm(h); running sum restarted or added; pre-MLP read; MLP; add; final read; norm.
 template <typename T>
 std::vector<T> naive_forward(StandInModel& m, int L, int B, int64_t tokens, int64_t d,
-                             const std::vector<int32_t>& ids) {
+                             const std::vector<int32_t>& ids, std::vector<T>* raw_final = nullptr) {
   const ForwardParams& P = m.params();
   std::vector<T> rs(static_cast<size_t>(tokens * d));
   EXPECT_TRUE(m.embed(ids, view_of(rs, tokens, d)).is_ok());
@@ -210,6 +210,7 @@ std::vector<T> naive_forward(StandInModel& m, int L, int B, int64_t tokens, int6
     rs = add(rs, o);
   }
   std::vector<T> h = B > 0 ? read(bank, rs, P.output_query, tokens, d, P.res_eps) : rs;
+  if (raw_final) *raw_final = h;
   return norm(h, P.final_norm, tokens, d, P.norm_eps);
 }
 
@@ -255,6 +256,40 @@ TEST(Executor, MatchesNaiveForwardBf16) {
   executor_matches_naive<bf16>(7, 1);
   executor_matches_naive<bf16>(5, 12);
 }
+// capture_raw_mixture hands the observer every read's pre-norm mixture (value -1).
+TEST(Executor, CapturesRawMixture) {
+  const int L = 10, B = 4;
+  const int64_t tokens = 3, d = 24;
+  const Program p = build_program(attnres_schedule(L, B));
+  StandInModel model(L, true, d, 12);
+  const std::vector<int32_t> ids = {5, 6, 7};
+  std::vector<bf16> raw_final;
+  naive_forward<bf16>(model, L, B, tokens, d, ids, &raw_final);
+  ExecutorOptions o;
+  o.max_tokens = tokens;
+  o.dim = d;
+  o.kernel = ReadKernel::kReference;
+  o.capture_raw_mixture = true;
+  auto ex = Executor::create(p, make_plan(p, Policy::kPlanned), o);
+  ASSERT_TRUE(ex.is_ok());
+  int raw_reads = 0;
+  std::vector<uint16_t> got;
+  ASSERT_TRUE((*ex)
+                  ->run(model, model.params(), ids,
+                        [&](const Step& s, int v, const ActView& view) {
+                          if (v != -1) return;
+                          ++raw_reads;
+                          if (s.kind == StepKind::kFinalRead) {
+                            const uint16_t* b = reinterpret_cast<const uint16_t*>(view.data);
+                            got.assign(b, b + view.numel());
+                          }
+                        })
+                  .is_ok());
+  EXPECT_EQ(raw_reads, 2 * L + 1);
+  ASSERT_EQ(got.size(), raw_final.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], raw_final[i].bits) << i;
+}
+
 TEST(Executor, MatchesNaiveForwardF32) {
   executor_matches_naive<float>(26, 8);
 }
