@@ -23,9 +23,10 @@
 //    decodes to +0.0: every accumulator starts at +0.0 and round-to-nearest never turns +0 into
 //    -0 by adding a zero, so the sign of a zero product cannot reach y.
 //
-// Blocking: OpenMP static partition over blocks of output rows (N). Inside a block, a group of
-// kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to kMR
-// tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
+// Blocking: static partition of the output rows (N) over the OpenMP threads, in whole row groups
+// (one contiguous range per thread), walked in blocks of ~192 KiB of weights. Inside a block, a
+// group of kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to
+// kMR tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
 // streams each weight row exactly once. Products with fewer than 2^18 multiply-adds run on the
 // calling thread. MXFP4 rows are decoded one 32-element block at a time into registers (AVX3:
@@ -376,38 +377,43 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
   }
 }
 
-// Walks the [T, N] output in blocks (see the header) and calls tile() on each register tile.
+// Walks the [T, N] output (see the header) and calls tile() on each register tile.
 // bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
 template <int TM, int TN, class Tile>
 void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& tile) {
-  // Rows per parallel block: ~192 KiB of weights, at least one full row group, and at least
-  // 4 blocks per thread when N allows it (load balance). Only the partition depends on the
-  // thread count; the per-element arithmetic does not (see the header).
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
+  // Static partition: thread i of n owns row groups [G i / n, G (i + 1) / n) (G groups of TN
+  // rows), a contiguous range, so threads differ by at most one group of work and each streams
+  // its weights front to back. Only this partition depends on the thread count; the
+  // per-element arithmetic does not (see the header).
+  const int64_t groups = (N + TN - 1) / TN;
+  // Within a range: blocks of ~192 KiB of weight rows; tokens in blocks of ~512 KiB of f32 rows
+  // (L2), each applied to every row group of the block before moving on.
   int64_t nb = std::max<int64_t>(TN, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
-  const int64_t balanced = (N + 4 * threads - 1) / (4 * threads);
-  nb = std::min(nb, std::max<int64_t>(balanced, TN));
-  nb = (nb + TN - 1) / TN * TN;
-  // Tokens per block: ~512 KiB of f32 token rows (L2) per pass over a row group.
+  nb = nb / TN * TN;
   int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
   tb = tb / TM * TM;
-  const int64_t num_blocks = (N + nb - 1) / nb;
   // Small products run on the calling thread: a parallel region costs microseconds (much more
   // when the machine is oversubscribed), more than ~256K multiply-adds take.
-  const bool parallel = T * N * K >= (int64_t{1} << 18) && num_blocks > 1;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t blk = 0; blk < num_blocks; ++blk) {
-    const int64_t n_begin = blk * nb, n_end = std::min(N, n_begin + nb);
-    for (int64_t t0 = 0; t0 < T; t0 += tb) {
-      const int64_t t_end = std::min(T, t0 + tb);
-      for (int64_t n = n_begin; n < n_end; n += TN) {
-        const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
-        for (int64_t t = t0; t < t_end; t += TM) {
-          const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
-          TileAny<TN, TM>(tile, t, n, mr, nr);
+  const bool parallel = T * N * K >= (int64_t{1} << 18) && groups > 1;
+#pragma omp parallel if (parallel)
+  {
+    int64_t id = 0, nt = 1;
+#ifdef _OPENMP
+    id = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    const int64_t range_begin = groups * id / nt * TN;
+    const int64_t range_end = std::min(N, groups * (id + 1) / nt * TN);
+    for (int64_t n_begin = range_begin; n_begin < range_end; n_begin += nb) {
+      const int64_t n_end = std::min(range_end, n_begin + nb);
+      for (int64_t t0 = 0; t0 < T; t0 += tb) {
+        const int64_t t_end = std::min(T, t0 + tb);
+        for (int64_t n = n_begin; n < n_end; n += TN) {
+          const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
+          for (int64_t t = t0; t < t_end; t += TM) {
+            const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
+            TileAny<TN, TM>(tile, t, n, mr, nr);
+          }
         }
       }
     }
