@@ -61,7 +61,7 @@ void gated_mlp(const ModelConfig& c, const Matrix& gate, const Matrix& up, const
 void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t T,
                KdaState& state, const ForwardOptions& opt, Arena& arena, float* out) {
   const bool bf16 = opt.bf16();
-  const int64_t d = c.hidden_size, H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;
+  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;  // dv = head_dim too
   const int64_t P = H * dk;
   const int W = c.linear.short_conv_kernel_size;
   float* q = arena.take<float>(T * P);       // [T, H, dk]
@@ -127,7 +127,6 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   }
   gated_rms_norm(o, gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, o);
   project(o, T, w.o_proj, bf16, out);
-  (void)d;
 }
 
 void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_t T,

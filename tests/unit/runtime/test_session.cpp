@@ -135,6 +135,25 @@ TEST(RunCli, DumpMatchesGoldenLayoutAndValues) {
   std::filesystem::remove(out + ".json");
 }
 
+// Default flow (bf16 activations, bf16 cache) from a prompt file: three ids on stdout.
+TEST(RunCli, PromptFileWithDefaults) {
+  const std::string base =
+      (std::filesystem::temp_directory_path() / ("attnres_prompt_" + std::to_string(::getpid())))
+          .string();
+  std::ofstream(base + ".txt") << "12, 7\n300\t44\n";
+  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " run --model " +
+                          testing::golden_dir("tiny-a") + " --prompt-file " + base +
+                          ".txt --max-new-tokens 3 --ignore-eos > " + base + ".out 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream out(base + ".out");
+  std::vector<int64_t> ids;
+  for (int64_t v; out >> v;) ids.push_back(v);
+  EXPECT_EQ(ids.size(), 3u);
+  for (int64_t v : ids) EXPECT_TRUE(v >= 0 && v < golden("tiny-a").weights.config.vocab_size);
+  std::filesystem::remove(base + ".txt");
+  std::filesystem::remove(base + ".out");
+}
+
 TEST(RunCli, RejectsBadArguments) {
   const std::string base =
       std::string(ATTNRES_CLI_PATH) + " run --model " + testing::golden_dir("tiny-b");
