@@ -364,7 +364,41 @@ function pyJson(v) {  // json.dumps(v, ensure_ascii=False) with default separato
 const xtmlType = (v) => typeof v === "boolean" ? "boolean" : v === null ? "null"
   : typeof v === "number" ? "number" : typeof v === "string" ? "string"
   : Array.isArray(v) ? "array" : "object";
-function renderChat(messages, thinking, addGen) {
+// encoding_k3.py normalize_xtml_tool_result_messages: a run of tool messages whose ids all
+// match calls of the preceding assistant message is put in call order and named by the calls.
+function orderToolResults(messages) {
+  const out = [];
+  let callIndex = new Map();
+  for (let i = 0; i < messages.length;) {
+    const m = messages[i];
+    if (m.role !== "tool") {
+      if (m.role === "assistant") {
+        callIndex = new Map();
+        (m.tool_calls ?? []).forEach((c, k) => {
+          if (c.id != null && !callIndex.has(String(c.id))) callIndex.set(String(c.id), [k + 1, c.name]);
+        });
+      }
+      out.push(m);
+      i++;
+      continue;
+    }
+    const run = [];
+    let unresolved = false;
+    for (; i < messages.length && messages[i].role === "tool"; i++) {
+      const t = messages[i];
+      const id = t.tool_call_id ?? t.id;
+      const target = id != null ? callIndex.get(String(id)) : undefined;
+      if (!target) { unresolved = true; run.push([0, t]); }
+      else run.push([target[0], { ...t, tool: target[1] }]);
+    }
+    // Unresolved: the order is kept, but the resolved ones still take their calls' names.
+    if (unresolved) out.push(...run.map(([, t]) => t));
+    else out.push(...run.sort((a, b) => a[0] - b[0]).map(([, t]) => t));
+  }
+  return out;
+}
+function renderChat(messagesIn, thinking, addGen) {
+  const messages = orderToolResults(messagesIn);
   const out = [];
   let priorCalls = null;
   let toolIndex = 0;
@@ -421,6 +455,17 @@ const conversations = [
        opts: { a: 1, b: true }, none: null } }] },
    { role: "tool", content: "{\"temp\": 21}" },
    { role: "assistant", reasoning: "", content: "21 degrees." }],
+  [{ role: "user", content: "weather in Paris and Rome" },
+   { role: "assistant", reasoning: "two calls", content: "",
+     tool_calls: [{ id: "c1", name: "get_weather", arguments: { city: "Paris" } },
+                  { id: "c2", name: "get_time", arguments: { city: "Rome" } }] },
+   { role: "tool", tool_call_id: "c2", content: "12:00" },
+   { role: "tool", tool_call_id: "c1", content: "sunny" }],
+  [{ role: "user", content: "x" },
+   { role: "assistant", content: "",
+     tool_calls: [{ id: "c1", name: "a", arguments: {} }, { id: "c2", name: "b", arguments: {} }] },
+   { role: "tool", tool_call_id: "c2", content: "B" },
+   { role: "tool", tool_call_id: "zz", content: "unknown id: order kept" }],
   [{ role: "user", content: "中文 and emoji 🚀 and   spaces\n\nnewlines" }],
   [{ role: "user", content: "" }],
 ];

@@ -105,13 +105,69 @@ std::string python_json_dumps(const nlohmann::ordered_json& v) {
   return v.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+namespace {
+
+// A message in rendering order, with the tool name its call assigns (encoding_k3.py,
+// normalize_xtml_tool_result_messages).
+struct Ordered {
+  const ChatMessage* message;
+  size_t index;               // position in the caller's list, for errors
+  std::string tool_override;  // non-empty: the name of the call this tool message answers
+};
+
+std::vector<Ordered> order_tool_results(std::span<const ChatMessage> messages) {
+  std::vector<Ordered> out;
+  std::vector<std::pair<std::string, size_t>> call_index;  // call id -> 1-based position
+  const std::vector<ChatToolCall>* calls = nullptr;
+  for (size_t i = 0; i < messages.size();) {
+    const ChatMessage& m = messages[i];
+    if (m.role != ChatRole::kTool) {
+      if (m.role == ChatRole::kAssistant) {
+        calls = &m.tool_calls;
+        call_index.clear();
+        for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+          const std::string& id = m.tool_calls[c].id;
+          if (id.empty()) continue;
+          bool seen = false;
+          for (const auto& e : call_index) seen = seen || e.first == id;
+          if (!seen) call_index.push_back({id, c + 1});  // the first call with an id wins
+        }
+      }
+      out.push_back({&m, i, ""});
+      ++i;
+      continue;
+    }
+    // A run of tool messages: put in call order only if every one resolves to a call.
+    std::vector<std::pair<size_t, Ordered>> run;
+    bool unresolved = false;
+    for (; i < messages.size() && messages[i].role == ChatRole::kTool; ++i) {
+      size_t position = 0;
+      for (const auto& e : call_index)
+        if (!messages[i].tool_call_id.empty() && e.first == messages[i].tool_call_id)
+          position = e.second;
+      if (position == 0) unresolved = true;
+      const std::string name = position > 0 ? (*calls)[position - 1].name : "";
+      run.push_back({position, {&messages[i], i, name}});
+    }
+    if (!unresolved)
+      std::stable_sort(run.begin(), run.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Unresolved runs keep their order, but resolved members still take their calls' names.
+    for (auto& entry : run) out.push_back(std::move(entry.second));
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<ChatSegment>> render_chat(std::span<const ChatMessage> messages,
                                              const ChatOptions& options) {
   std::vector<ChatSegment> out;
   const std::vector<ChatToolCall>* prior_calls = nullptr;
   size_t tool_index = 0;
-  for (size_t mi = 0; mi < messages.size(); ++mi) {
-    const ChatMessage& m = messages[mi];
+  for (const Ordered& o : order_tool_results(messages)) {
+    const ChatMessage& m = *o.message;
+    const size_t mi = o.index;
     switch (m.role) {
       case ChatRole::kSystem:
       case ChatRole::kUser: {
@@ -129,7 +185,7 @@ Result<std::vector<ChatSegment>> render_chat(std::span<const ChatMessage> messag
         break;
       case ChatRole::kTool: {
         ++tool_index;
-        std::string name = m.tool;
+        std::string name = o.tool_override.empty() ? m.tool : o.tool_override;
         if (name.empty() && prior_calls && tool_index <= prior_calls->size())
           name = (*prior_calls)[tool_index - 1].name;
         if (name.empty())
@@ -200,11 +256,18 @@ Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered
                                                   "\" (expected system, user, assistant, tool)");
     }
     ATTNRES_RETURN_IF_ERROR(str("content", msg.content));
+    // `reasoning_content or reasoning` (encoding_k3.py): an empty reasoning_content falls back.
+    std::string reasoning_content;
     ATTNRES_RETURN_IF_ERROR(str("reasoning", msg.reasoning));
-    ATTNRES_RETURN_IF_ERROR(str("reasoning_content", msg.reasoning));
+    ATTNRES_RETURN_IF_ERROR(str("reasoning_content", reasoning_content));
+    if (!reasoning_content.empty()) msg.reasoning = std::move(reasoning_content);
     // A tool message's "name" is its tool; "tool" takes precedence (encoding_k3.py).
     ATTNRES_RETURN_IF_ERROR(str("name", msg.role == ChatRole::kTool ? msg.tool : msg.name));
     ATTNRES_RETURN_IF_ERROR(str("tool", msg.tool));
+    if (msg.role == ChatRole::kTool) {
+      ATTNRES_RETURN_IF_ERROR(str("id", msg.tool_call_id));
+      ATTNRES_RETURN_IF_ERROR(str("tool_call_id", msg.tool_call_id));
+    }
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       if (!m["tool_calls"].is_array())
         return Status(ErrorCode::kWrongType, where + ": \"tool_calls\" must be an array");
@@ -216,6 +279,10 @@ Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered
           return Status(ErrorCode::kMissingField, cw + ": missing function \"name\"");
         ChatToolCall tc;
         tc.name = fn["name"];
+        if (call.contains("id") && !call["id"].is_null()) {
+          const auto& id = call["id"];
+          tc.id = id.is_string() ? id.get<std::string>() : id.dump();
+        }
         if (fn.contains("arguments") && !fn["arguments"].is_null()) {
           nlohmann::ordered_json args = fn["arguments"];
           if (args.is_string()) {

@@ -21,11 +21,13 @@
 //   index="i"<|sep|>CONTENT<|close|>message<|sep|><|end_of_msg|> generation prompt: <|open|>message
 //   role="assistant"<|sep|><|open|>think<|sep|>
 //                      (thinking off: ...<|open|>response<|sep|>)
-// REASONING is omitted when blank. A tool message without a tool name takes the name of the
-// i-th call of the preceding assistant message. Argument values that are strings are written
-// as is, others as Python's json.dumps (", " and ": " separators, non-ASCII kept).
-// Not covered (no text-only use yet): images, tool declarations, thinking_effort, tool_choice and
-// response_format notes.
+// REASONING is omitted when blank. A tool message whose tool_call_id matches a call of the
+// preceding assistant message is named after that call; a run of consecutive tool messages that
+// all match is put in call order. A tool message without a name otherwise takes the name of the
+// i-th call of the preceding assistant message.
+// Argument values that are strings are written as is, others as Python's json.dumps (", " and ": "
+// separators, non-ASCII kept). Not covered (no text-only use yet): images, tool declarations,
+// thinking_effort, tool_choice and response_format notes.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -44,17 +46,28 @@ enum class ChatRole { kSystem, kUser, kAssistant, kTool };
 
 struct ChatToolCall {
   std::string name;
+  std::string id;  // optional call id, matched by a tool message's tool_call_id
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // key order is kept
 };
 
 struct ChatMessage {
   ChatRole role = ChatRole::kUser;
   std::string content;
-  std::string reasoning;  // assistant only: the think part
-  std::string name;       // system/user: optional name attribute
-  std::string tool;       // tool only: tool name (else taken from the preceding calls)
+  std::string reasoning;     // assistant only: the think part
+  std::string name;          // system/user: optional name attribute
+  std::string tool;          // tool only: tool name (else taken from the preceding calls)
+  std::string tool_call_id;  // tool only: optional id of the call this message answers
   std::vector<ChatToolCall> tool_calls;  // assistant only
 };
+
+// A message with only a role and content (the common case; avoids aggregate initialisation,
+// which -Wmissing-field-initializers rejects when fields are left out).
+inline ChatMessage chat_message(ChatRole role, std::string content) {
+  ChatMessage m;
+  m.role = role;
+  m.content = std::move(content);
+  return m;
+}
 
 struct ChatOptions {
   bool thinking = true;               // render think parts and open <|open|>think
@@ -75,8 +88,9 @@ Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
                                          const ChatOptions& options);
 
 // OpenAI-style messages: [{"role", "content", "reasoning_content"|"reasoning", "name",
-// "tool"|"name" (tool messages), "tool_calls": [{"function": {"name", "arguments"}} | {"name",
-// "arguments"}]}]; arguments may be an object or a JSON object string. Errors name the index.
+// "tool"|"name" and "tool_call_id"|"id" (tool messages), "tool_calls": [{"id", "function":
+// {"name", "arguments"}} | {"id", "name", "arguments"}]}]; arguments may be an object or a JSON
+// object string. Errors name the message index.
 Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages);
 
 // Python json.dumps(value, ensure_ascii=False) with its default separators.
