@@ -18,6 +18,17 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y);
 // Scalar reference: f64-free, f32 accumulation in k order.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y);
 
+// bf16 activations x [T, K] (e.g. the bf16 flow, where projection inputs are bf16 values);
+// W as for matmul(). A bf16 x bf16 product is exact in f32, so this is the same dot product as
+// matmul() on the widened x, accumulated in another fixed order (thread-count invariant, same
+// for T = 1 and T > 1). With BF16 weights on a CPU with AVX512_BF16 it runs on vdpbf16ps (two
+// products per lane per instruction), which treats subnormal inputs and results as zero; other
+// CPUs widen x on load. The reference widens both and accumulates in k order.
+void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y);
+void matmul_bf16_ref(const bf16* x, int64_t T, const TensorView& W, float* y);
+// Whether matmul_bf16 with BF16 weights uses vdpbf16ps on this CPU.
+bool matmul_bf16_uses_dot_product();
+
 // MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
 // Computed straight from the packed nibbles; no dequantised copy is kept.
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,

@@ -44,9 +44,11 @@
 #include <cassert>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/matmul.h"
+#include "util/cpu.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -123,18 +125,13 @@ HWY_INLINE void PrefetchL2(const void* p) {
   __builtin_prefetch(p, /*rw=*/0, /*locality=*/2);
 }
 
-HWY_INLINE VF LoadTokenTail(DF df, const float* x, int64_t k, int64_t K) {
-  HWY_ALIGN float buf[kMaxLanes] = {};
-  std::memcpy(buf, x + k, static_cast<size_t>(K - k) * sizeof(float));
-  return hn::Load(df, buf);
-}
-
-// y[m, r] (m < MR tokens starting at x, r < NR rows starting at n0) for dense weight rows.
-// x rows are K apart; y rows are ldy apart.
-template <int MR, int NR, class Rows>
-HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& rows, int64_t n0,
+// y[m, r] (m < MR tokens from t0, r < NR weight rows from n0) for dense weights; tokens and
+// weights are both rows of K elements (f32 or bf16, widened exactly); y rows are ldy apart.
+template <int MR, int NR, class Rows, class Tokens>
+HWY_NOINLINE void DenseTile(const Tokens& xs, int64_t t0, const Rows& rows, int64_t n0,
                             float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
+  const int64_t K = rows.K;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   VF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
@@ -153,7 +150,7 @@ HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& 
     VF wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = rows.Load(df, n0 + r, k);
     for (int m = 0; m < MR; ++m) {
-      const VF xv = hn::LoadU(df, x + m * K + k);
+      const VF xv = xs.Load(df, t0 + m, k);
       for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
     }
   }
@@ -161,7 +158,7 @@ HWY_NOINLINE void DenseTile(const float* HWY_RESTRICT x, int64_t K, const Rows& 
     VF wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = rows.LoadTail(df, n0 + r, k);
     for (int m = 0; m < MR; ++m) {
-      const VF xv = LoadTokenTail(df, x + m * K, k, K);
+      const VF xv = xs.LoadTail(df, t0 + m, k);
       for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
     }
   }
@@ -420,20 +417,93 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
   }
 }
 
-template <class Rows>
-void DenseMatmul(const float* x, int64_t T, const Rows& rows, int64_t N, float* y) {
+template <class Rows, class Tokens>
+void DenseMatmul(const Tokens& xs, int64_t T, const Rows& rows, int64_t N, float* y) {
   const int64_t K = rows.K;
   Drive<kMR, kNR>(T, N, K, K * Rows::kBytesPerElem, [&](auto mr, auto nr, int64_t t, int64_t n) {
-    DenseTile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, rows, n, y + t * N + n, N);
+    DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
   });
 }
 
 void MatmulF32(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
-  DenseMatmul(x, T, F32Rows{w, N, K}, N, y);
+  DenseMatmul(F32Rows{x, T, K}, T, F32Rows{w, N, K}, N, y);
 }
 
 void MatmulBf16(const float* x, int64_t T, const uint16_t* w, int64_t N, int64_t K, float* y) {
-  DenseMatmul(x, T, Bf16Rows{w, N, K}, N, y);
+  DenseMatmul(F32Rows{x, T, K}, T, Bf16Rows{w, N, K}, N, y);
+}
+
+#if HWY_TARGET == HWY_AVX3
+// AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids): vdpbf16ps adds two exact bf16 x bf16
+// products per f32 lane (lane j of a 32-element step takes k = 2j + 1, then 2j), so no widening
+// and twice the multiply-adds per instruction. Highway 1.0.3 has no target for it, so this is
+// raw intrinsics under an extra target attribute, called only when the CPU reports the feature.
+#define ATTNRES_BF16_DOT __attribute__((target("avx512bf16")))
+
+ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16x32(const uint16_t* p) {
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+}
+
+// Zero-padded last step (fewer than 32 elements left).
+ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16Tail(const uint16_t* p, int64_t n) {
+  HWY_ALIGN uint16_t buf[32] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  return reinterpret_cast<__m512bh>(_mm512_load_si512(buf));
+}
+
+template <int MR, int NR>
+ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, int64_t K,
+                                               const uint16_t* HWY_RESTRICT w, int64_t N,
+                                               int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    if constexpr (MR == 1) {  // decode: prefetch as in DenseTile (one line per step)
+      for (int r = 0; r < NR; ++r)
+        if (n0 + 2 * NR + r < N) PrefetchL2(w + (n0 + 2 * NR + r) * K + k);
+    }
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16x32(w + (n0 + r) * K + k);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = LoadBf16x32(x + m * K + k);
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    }
+  }
+  if (k < K) {
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16Tail(w + (n0 + r) * K + k, K - k);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = LoadBf16Tail(x + m * K + k, K - k);
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+#undef ATTNRES_BF16_DOT
+#endif  // HWY_TARGET == HWY_AVX3
+
+// bf16 activations. With BF16 weights on an AVX512_BF16 CPU: vdpbf16ps; otherwise the dense
+// kernels with the tokens widened exactly on load (same per-element order as matmul()).
+void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int64_t N, int64_t K,
+                   float* y) {
+#if HWY_TARGET == HWY_AVX3
+  if (w_bf16 && cpu_info().avx512bf16) {
+    const auto* wb = static_cast<const uint16_t*>(w);
+    Drive<kMR, kNR>(T, N, K, K * 2, [&](auto mr, auto nr, int64_t t, int64_t n) {
+      DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, wb, N, n, y + t * N + n,
+                                                            N);
+    });
+    return;
+  }
+#endif
+  if (w_bf16) {
+    DenseMatmul(Bf16Rows{x, T, K}, T, Bf16Rows{static_cast<const uint16_t*>(w), N, K}, N, y);
+  } else {
+    DenseMatmul(Bf16Rows{x, T, K}, T, F32Rows{static_cast<const float*>(w), N, K}, N, y);
+  }
 }
 
 void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
@@ -458,6 +528,7 @@ namespace attnres {
 
 HWY_EXPORT(MatmulF32);
 HWY_EXPORT(MatmulBf16);
+HWY_EXPORT(MatmulBf16Act);
 HWY_EXPORT(Mxfp4Matmul);
 HWY_EXPORT(ChosenTarget);
 
@@ -470,6 +541,18 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
   } else {
     HWY_DYNAMIC_DISPATCH(MatmulF32)(x, T, W.as<float>(), N, K, y);
   }
+}
+
+void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y) {
+  assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
+  const int64_t N = W.shape[0], K = W.shape[1];
+  if (T <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(MatmulBf16Act)
+  (reinterpret_cast<const uint16_t*>(x), T, W.data, W.dtype == DType::kBF16, N, K, y);
+}
+
+bool matmul_bf16_uses_dot_product() {
+  return cpu_info().avx512bf16 && std::string_view(matmul_simd_target()) == "AVX3";
 }
 
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,

@@ -33,6 +33,21 @@ void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y) {
   }
 }
 
+void matmul_bf16_ref(const bf16* x, int64_t T, const TensorView& W, float* y) {
+  const int64_t N = W.shape[0], K = W.shape[1];
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const float w = W.dtype == DType::kBF16 ? bf16_to_f32(W.as<bf16>()[n * K + k])
+                                                : W.as<float>()[n * K + k];
+        acc += bf16_to_f32(x[t * K + k]) * w;
+      }
+      y[t * N + n] = acc;
+    }
+  }
+}
+
 void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                       int64_t N, int64_t K, float* y) {
   matmul_rows(x, T, N, K, y, [=](int64_t n, int64_t k) {

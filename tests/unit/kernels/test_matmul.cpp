@@ -313,3 +313,83 @@ TEST(Matmul, ReportsChosenTarget) {
 
 }  // namespace
 }  // namespace attnres
+
+namespace attnres {
+namespace {
+
+// matmul_bf16: bf16 activations (the dense cases' x rounded to bf16; integers stay exact).
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+std::vector<float> widen_all(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+
+TEST(MatmulBf16Act, ExactOnIntegerDataAndWithinBoundOnRandom) {
+  for_each_target([] {
+    for (Shape s : kDenseShapes) {
+      SCOPED_TRACE(shape_str(s));
+      for (bool integers : {true, false}) {
+        const DenseCase c = make_dense(s, integers, integers ? 11 : 12);
+        const std::vector<bf16> xb = to_bf16(c.x);  // [T, K]
+        for (DType d : {DType::kF32, DType::kBF16}) {
+          std::vector<float> y(static_cast<size_t>(s.T * s.N), -1.0f);    // [T, N]
+          std::vector<float> ref(static_cast<size_t>(s.T * s.N), -2.0f);  // [T, N]
+          matmul_bf16(xb.data(), s.T, c.view(d), y.data());
+          matmul_bf16_ref(xb.data(), s.T, c.view(d), ref.data());
+          if (integers) {
+            ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+                << dtype_name(d);
+          } else {
+            expect_within_bound(
+                widen_all(xb), s, [&](int64_t n, int64_t k) { return c.w32[n * s.K + k]; }, y, ref);
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(MatmulBf16Act, ThreadCountInvariantAndDecodeMatchesPrefill) {
+  const int saved = omp_get_max_threads();
+  const Shape s{12, 130, 300};  // above the serial cutoff
+  const DenseCase c = make_dense(s, /*integers=*/false, 13);
+  const std::vector<bf16> xb = to_bf16(c.x);
+  for_each_target([&] {
+    for (DType d : {DType::kF32, DType::kBF16}) {
+      std::vector<float> ref;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<float> y(static_cast<size_t>(s.T * s.N));
+        matmul_bf16(xb.data(), s.T, c.view(d), y.data());
+        if (threads == 1) {
+          ref = y;
+        } else {
+          EXPECT_EQ(0, std::memcmp(ref.data(), y.data(), y.size() * sizeof(float))) << threads;
+        }
+      }
+      std::vector<float> one(static_cast<size_t>(s.N));
+      for (int64_t t = 0; t < s.T; ++t) {
+        matmul_bf16(xb.data() + t * s.K, 1, c.view(d), one.data());
+        EXPECT_EQ(0, std::memcmp(one.data(), ref.data() + t * s.N, one.size() * sizeof(float)))
+            << "token " << t << " " << dtype_name(d);
+      }
+    }
+  });
+  omp_set_num_threads(saved);
+}
+
+TEST(MatmulBf16Act, UsesDotProductWhenTheCpuHasAvx512Bf16) {
+  // The check is a property of this machine; on CPUs without AVX512_BF16 it must say false.
+  const bool expect =
+      __builtin_cpu_supports("avx512bf16") && std::string(matmul_simd_target()) == "AVX3";
+  EXPECT_EQ(matmul_bf16_uses_dot_product(), expect);
+}
+
+}  // namespace
+}  // namespace attnres
