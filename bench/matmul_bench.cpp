@@ -55,8 +55,7 @@ std::vector<uint8_t> random_bytes(int64_t n, uint32_t seed, int lo, int hi) {
 }
 
 TensorView bf16_view(const std::vector<bf16>& w, int64_t N, int64_t K, int64_t offset) {
-  TensorView v;
-  v.name = "w";
+  TensorView v;  // unnamed: setting a name here trips GCC 12's -Wrestrict false positive at -O3
   v.dtype = DType::kBF16;
   v.shape = {N, K};
   v.data = reinterpret_cast<const std::byte*>(w.data() + offset);
@@ -292,6 +291,63 @@ BENCHMARK(BM_GemmBf16)
     ->Args({4096, 1024, 1024})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// args: T, N, K. bf16 activations (matmul_bf16: vdpbf16ps on AVX512_BF16 CPUs) vs OpenBLAS
+// sgemm on the same values widened to f32 (OpenBLAS 0.3.21 from Debian has no sbgemm).
+void BM_GemmBf16Act(benchmark::State& state) {
+  context_once();
+  const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
+  const std::vector<bf16> w = random_bf16(N * K, 8);  // [N, K]
+  std::vector<float> w32(w.size());                   // [N, K] widened for OpenBLAS
+  for (size_t i = 0; i < w.size(); ++i) w32[i] = bf16_to_f32(w[i]);
+  const std::vector<bf16> xb = random_bf16(T * K, 9);  // [T, K]
+  std::vector<float> x32(xb.size());                   // [T, K] widened for OpenBLAS
+  for (size_t i = 0; i < xb.size(); ++i) x32[i] = bf16_to_f32(xb[i]);
+  std::vector<float> y(static_cast<size_t>(T * N));  // [T, N]
+  state.counters["uses_vdpbf16ps"] = matmul_bf16_uses_dot_product() ? 1 : 0;
+  gemm_side_by_side(
+      state, T, N, K, [&] { matmul_bf16(xb.data(), T, bf16_view(w, N, K, 0), y.data()); }, x32,
+      w32);
+}
+BENCHMARK(BM_GemmBf16Act)
+    ->ArgNames({"T", "N", "K"})
+    ->Args({64, 2048, 2048})
+    ->Args({256, 2048, 1024})
+    ->Args({256, 2048, 2048})
+    ->Args({256, 8192, 2048})
+    ->Args({1024, 2048, 2048})
+    ->Args({4096, 1024, 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// args: N, K. Decode GEMV with a bf16 activation vector (same weight bytes as BM_GemvBf16).
+void BM_GemvBf16Act(benchmark::State& state) {
+  context_once();
+  const int64_t N = state.range(0), K = state.range(1);
+  const int64_t per = N * K, copies = copies_for(per * 2);
+  const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
+  const std::vector<bf16> x = random_bf16(K, 2);             // [K]
+  std::vector<float> y(static_cast<size_t>(N));              // [N]
+  int64_t c = 0;
+  BestOf best, read;
+  const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
+  for (auto _ : state) {
+    best.time([&] { matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
+    benchmark::DoNotOptimize(y.data());
+    const int64_t other = (c + copies / 2) % copies;
+    read.time(
+        [&] { benchmark::DoNotOptimize(stream_read_pass(bytes + other * per * 2, per * 2, 0)); });
+    c = (c + 1) % copies;
+  }
+  set_bandwidth_counters(state, per * 2, best, &read);
+}
+BENCHMARK(BM_GemvBf16Act)
+    ->ArgNames({"N", "K"})
+    ->Args({2048, 2048})
+    ->Args({8192, 2048})
+    ->Args({4096, 7168})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // args: T, N, K. MXFP4 expert GEMM (tokens routed to one expert during prefill) straight from
 // the packed weights vs OpenBLAS sgemm on the weights dequantised to f32 (same values).
