@@ -2,7 +2,9 @@
 // filter does what it says on hand-made logits, and a seed reproduces a run.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "kernels/sampling.h"
