@@ -1,8 +1,9 @@
 // Fused AttnRes step (attnres.h) with Highway runtime dispatch (one copy per compiled target,
 // chosen once per process; no -march flags).
 //
-// Per token row (OpenMP static partition over rows; one thread computes a whole row in a fixed
-// order, so the result does not depend on the thread count):
+// Per token row (OpenMP over rows in dynamic chunks of 8, so a descheduled thread on a shared
+// machine holds back little; one thread computes a whole row in a fixed order, so the result
+// does not depend on the thread count or on which thread takes a chunk):
 //   pass 1  rs' = T(rs_in + pending), stored to rs_out (and to the commit slot when it is other
 //           storage); accumulates sum(rs'^2) and dot(rs', q)
 //   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
@@ -171,7 +172,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
   const bool add = a.rs_in != nullptr && a.pending != nullptr;
   const bool scored = n > 1;
 
-#pragma omp parallel for schedule(static) if (a.tokens * d >= kAttnResParallelMinElements)
+#pragma omp parallel for schedule(dynamic, 8) if (a.tokens * d >= kAttnResParallelMinElements)
   for (int64_t t = 0; t < a.tokens; ++t) {
     const DF df;
     const int64_t N = static_cast<int64_t>(hn::Lanes(df));

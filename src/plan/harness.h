@@ -4,8 +4,8 @@
 //
 // Stand-in sublayers (StandInRunner): deterministic, layer-dependent, nonlinear and cheap, so
 // the AttnRes traffic dominates. Each is row-local and elementwise:
-//   attention(i): out = T(a_i * x + b_i * x / (1 + |x|) + c_i[j])
-//   mlp(i):       out = T(x * (e_i + f_i * x / (1 + |x|)) + g_i[j])
+//   attention(i): out = T(a_i * x + b_i * clamp(x, -1, 1) + c_i[j])
+//   mlp(i):       out = T(x * (e_i + f_i * clamp(x, -1, 1)) + g_i[j])
 // with per-layer scalars and per-layer [d] offsets drawn from a fixed-seed generator; `in` may
 // alias `out` (each column is read before it is written). The embedding is a hash of (token,
 // column) in [-1, 1). Queries and norm gains are also fixed-seed random.

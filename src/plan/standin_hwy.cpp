@@ -4,8 +4,10 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attnres.h"
 #include "kernels/bf16_hwy-inl.h"
@@ -16,34 +18,58 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+template <bool kMlp>
+HWY_INLINE VF Formula(DF df, VF x, VF a, VF b, VF c) {
+  const VF s = hn::Min(hn::Max(x, hn::Set(df, -1.0f)), hn::Set(df, 1.0f));
+  if constexpr (kMlp) {
+    return hn::Add(hn::Mul(x, hn::Add(a, hn::Mul(b, s))), c);
+  } else {
+    return hn::Add(hn::Add(hn::Mul(a, x), hn::Mul(b, s)), c);
+  }
+}
+
+template <bool kMlp>
+inline float FormulaS(float x, float a, float b, float c) {
+  const float s = std::min(std::max(x, -1.0f), 1.0f);
+  return kMlp ? x * (a + b * s) + c : (a * x + b * s) + c;
+}
+
 template <typename T, bool kMlp>
 void Apply(const T* in, T* out, int64_t rows, int64_t d, float a, float b, const float* c) {
-#pragma omp parallel for schedule(static) if (rows * d >= kAttnResParallelMinElements)
+#pragma omp parallel for schedule(dynamic, 32) if (rows * d >= kAttnResParallelMinElements)
   for (int64_t t = 0; t < rows; ++t) {
     const DF df;
     const int64_t N = static_cast<int64_t>(hn::Lanes(df));
     const T* x_row = in + t * d;
     T* y_row = out + t * d;
-    const VF va = hn::Set(df, a), vb = hn::Set(df, b), one = hn::Set(df, 1.0f);
+    const VF va = hn::Set(df, a), vb = hn::Set(df, b);
     int64_t j = 0;
-    for (; j + N <= d; j += N) {
-      const VF x = LoadF(df, x_row + j);
-      const VF s = hn::Div(x, hn::Add(one, hn::Abs(x)));
-      const VF cj = hn::LoadU(df, c + j);
-      VF y;
-      if constexpr (kMlp) {
-        y = hn::Add(hn::Mul(x, hn::Add(va, hn::Mul(vb, s))), cj);
-      } else {
-        y = hn::Add(hn::Add(hn::Mul(va, x), hn::Mul(vb, s)), cj);
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (std::is_same_v<T, bf16>) {
+      // 2N bf16 at a time split into even/odd elements by a shift and a mask (no widening
+      // shuffles); the offsets are split to match.
+      const DU du;
+      const hn::Repartition<uint16_t, DF> d16;
+      const auto hi_mask = hn::Set(du, 0xffff0000u);
+      for (; j + 2 * N <= d; j += 2 * N) {
+        const auto r =
+            hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(x_row + j)));
+        const VF ca = hn::LoadU(df, c + j), cb = hn::LoadU(df, c + j + N);
+        const VF ye = CastT<T>(df, Formula<kMlp>(df, hn::BitCast(df, hn::ShiftLeft<16>(r)), va, vb,
+                                                 hn::ConcatEven(df, cb, ca)));
+        const VF yo = CastT<T>(df, Formula<kMlp>(df, hn::BitCast(df, hn::And(r, hi_mask)), va, vb,
+                                                 hn::ConcatOdd(df, cb, ca)));
+        const auto packed =
+            hn::Or(hn::And(hn::BitCast(du, yo), hi_mask), hn::ShiftRight<16>(hn::BitCast(du, ye)));
+        hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(y_row + j));
       }
+    }
+#endif
+    for (; j + N <= d; j += N) {
+      const VF y = Formula<kMlp>(df, LoadF(df, x_row + j), va, vb, hn::LoadU(df, c + j));
       StoreT(df, CastT<T>(df, y), y_row + j);
     }
-    for (; j < d; ++j) {
-      const float x = WidenS(x_row[j]);
-      const float s = x / (1.0f + std::fabs(x));
-      const float y = kMlp ? x * (a + b * s) + c[j] : (a * x + b * s) + c[j];
-      y_row[j] = NarrowS<T>(y);
-    }
+    for (; j < d; ++j) y_row[j] = NarrowS<T>(FormulaS<kMlp>(WidenS(x_row[j]), a, b, c[j]));
   }
 }
 
