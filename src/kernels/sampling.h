@@ -15,11 +15,12 @@
 //      whose running sum exceeds u * (sum of kept p) is chosen (the last kept token if rounding
 //      leaves none).
 // Reproducibility: Sampler draws exactly one u per call from xoshiro256** seeded by splitmix64
-// of the seed, so a given seed, logits and history always give the same tokens, on any machine
-// and thread count (the kernel is single-threaded and its order is fixed).
+// of the seed, so a given seed, logits and history always give the same tokens at any thread
+// count (the kernel is single-threaded and its order is fixed), and across machines as far as
+// their libm's exp() agrees (glibc's is correctly rounded in double).
 //
-// Allocation: sample_token uses only the caller's SamplingScratch (sized once to the vocabulary);
-// Sampler owns one.
+// Allocation: sample_token uses only the caller's SamplingScratch, which it grows once if it is
+// smaller than the vocabulary; Sampler owns one sized at construction.
 #pragma once
 
 #include <cstdint>

@@ -6,21 +6,17 @@
 // ends with `<|end_of_msg|>`, attribute values escape `&` and `"`; every text segment is encoded
 // on its own with control tokens DISALLOWED (so user, tool and model text can never produce a
 // control token) and only the control markers themselves are encoded with them allowed.
-//   system/user:  <|open|>message role="R"[
-//   name="N"]<|sep|>CONTENT<|close|>message<|sep|><|end_of_msg|> assistant:    <|open|>message
-//   role="assistant"<|sep|>
-//                   [thinking: <|open|>think<|sep|>REASONING<|close|>think<|sep|>]
-//                   <|open|>response<|sep|>CONTENT<|close|>response<|sep|>
-//                   [tool calls: <|open|>tools<|sep|> per call <|open|>call tool="NAME"
-//                   index="i"<|sep|>
-//                      per argument <|open|>argument key="K"
-//                      type="T"<|sep|>VALUE<|close|>argument<|sep|>
-//                    <|close|>call<|sep|> ... <|close|>tools<|sep|>]
-//                 <|close|>message<|sep|><|end_of_msg|>
-//   tool:         <|open|>message role="tool" tool="NAME"
-//   index="i"<|sep|>CONTENT<|close|>message<|sep|><|end_of_msg|> generation prompt: <|open|>message
-//   role="assistant"<|sep|><|open|>think<|sep|>
-//                      (thinking off: ...<|open|>response<|sep|>)
+// Messages, with O = <|open|>, S = <|sep|>, C = <|close|>, E = <|end_of_msg|>:
+//   system/user  O message role="R"[ name="N"] S CONTENT C message S E
+//   assistant    O message role="assistant" S
+//                  [thinking on: O think S REASONING C think S]
+//                  O response S CONTENT C response S
+//                  [tool calls: O tools S, per call O call tool="NAME" index="i" S,
+//                   per argument O argument key="K" type="T" S VALUE C argument S,
+//                   C call S per call, C tools S]
+//                C message S E
+//   tool         O message role="tool" tool="NAME" index="i" S CONTENT C message S E
+//   generation prompt: O message role="assistant" S O think S (thinking off: O response S)
 // REASONING is omitted when blank. A tool message whose tool_call_id matches a call of the
 // preceding assistant message is named after that call; a run of consecutive tool messages that
 // all match is put in call order. A tool message without a name otherwise takes the name of the
