@@ -16,8 +16,8 @@
 //      leaves none).
 // Reproducibility: Sampler draws exactly one u per call from xoshiro256** seeded by splitmix64
 // of the seed, so a given seed, logits and history always give the same tokens at any thread
-// count (the kernel is single-threaded and its order is fixed), and across machines as far as
-// their libm's exp() agrees (glibc's is correctly rounded in double).
+// count (the kernel is single-threaded and its order is fixed), and across machines whose libm
+// exp() returns the same doubles (e.g. the same glibc).
 //
 // Allocation: sample_token uses only the caller's SamplingScratch, which it grows once if it is
 // smaller than the vocabulary; Sampler owns one sized at construction.
