@@ -30,7 +30,7 @@ TEST(ChunkedPrefill, MatchesOneShotForSeveralChunkSizes) {
     const testing::GoldenSet& g = golden(set);
     const bool b = std::string(set) == "tiny-b";  // token-by-token (chunk 1) on one set only
     for (const Run& run : {Run{"case2.", b ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{5}},
-                           Run{"case3.", {7, 64, 99}}}) {
+                           Run{"case3.", {7, 64}}}) {
       const std::vector<int32_t> prompt = g.ids(std::string(run.c) + "prompt_ids");
       const ForwardOptions opt = testing::f32_options();
       const std::vector<float> one = testing::prefill(g.weights, prompt, opt);

@@ -41,7 +41,7 @@ TEST(PlannedForward, MatchesGoldenAllCases) {
 // (preserve-final is refused by the verifier on tiny-b's shape, so it is not run here.)
 TEST(PlannedForward, AgreesWithReferenceForwardForSeparateAndPlannedPolicies) {
   const testing::GoldenSet& g = golden("tiny-b");
-  const std::vector<int32_t> prompt = g.ids("case3.prompt_ids");
+  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
   const std::vector<float> ref = testing::prefill(g.weights, prompt, testing::f32_options(), 40);
   for (Policy policy : {Policy::kSeparate, Policy::kPlanned}) {
     for (ReadKernel k : {ReadKernel::kReference, ReadKernel::kFused}) {
