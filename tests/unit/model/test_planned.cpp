@@ -42,11 +42,11 @@ TEST(PlannedForward, MatchesGoldenAllCases) {
 TEST(PlannedForward, AgreesWithReferenceForwardForSeparateAndPlannedPolicies) {
   const testing::GoldenSet& g = golden("tiny-b");
   const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
-  const std::vector<float> ref = testing::prefill(g.weights, prompt, testing::f32_options(), 40);
+  const std::vector<float> ref = testing::prefill(g.weights, prompt, testing::f32_options(), 12);
   for (Policy policy : {Policy::kSeparate, Policy::kPlanned}) {
     for (ReadKernel k : {ReadKernel::kReference, ReadKernel::kFused}) {
       const std::vector<float> got =
-          testing::planned_run(g.weights, prompt, {}, testing::f32_options(), 40, policy, k);
+          testing::planned_run(g.weights, prompt, {}, testing::f32_options(), 12, policy, k);
       EXPECT_LT(testing::max_abs_diff(got, ref), 1e-4f) << policy_name(policy);
     }
   }
