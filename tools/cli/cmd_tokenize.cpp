@@ -1,6 +1,8 @@
 // attnres tokenize / detokenize: text <-> token ids with a tiktoken.model tokenizer.
 //   tokenize   --tokenizer PATH [--pattern kimi|o200k_base|cl100k_base] (--text T | --file F)
 //              [--allow-special] [--json]       ids separated by spaces, or a JSON array
+//   tokenize   --tokenizer PATH --chat MESSAGES.json [--no-thinking] [--no-generation-prompt]
+//              the Kimi-K3 chat encoding of an OpenAI-style message list (see chat.h)
 //   detokenize --tokenizer PATH [--pattern ...] (--ids 1,2,3 | --file F) [--raw]
 //              text (ill-formed UTF-8 shown as U+FFFD), or with --raw the exact token bytes
 // Errors (missing or malformed rank file, unknown id, bad id list) name the file, line or id and
@@ -13,6 +15,7 @@
 #include <sstream>
 
 #include "command.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace attnres::cli {
@@ -24,7 +27,10 @@ struct TokenizeArgs {
   std::string text;
   std::string file;
   std::string ids;
+  std::string chat;
   bool has_text = false;
+  bool no_thinking = false;
+  bool no_generation_prompt = false;
   bool allow_special = false;
   bool json = false;
   bool raw = false;
@@ -73,8 +79,24 @@ Result<std::vector<TokenId>> parse_ids(std::string_view s, const std::string& wh
   return ids;
 }
 
+// The chat encoding of a JSON file holding a message list (or {"messages": [...]}).
+Result<std::vector<TokenId>> encode_chat_file(const Tokenizer& tok, const TokenizeArgs& a) {
+  ATTNRES_ASSIGN_OR_RETURN(std::string text, read_all(a.chat));
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status(ErrorCode::kBadJson, a.chat + ": not valid JSON");
+  if (j.is_object() && j.contains("messages")) j = j["messages"];
+  auto messages = chat_messages_from_json(j);
+  if (!messages)
+    return Status(messages.status().code(), a.chat + ": " + messages.status().message());
+  ChatOptions options;
+  options.thinking = !a.no_thinking;
+  options.add_generation_prompt = !a.no_generation_prompt;
+  return encode_chat(tok, *messages, options);
+}
+
 int run_tokenize(const TokenizeArgs& a) {
-  if (a.has_text == !a.file.empty()) return fail("tokenize: give exactly one of --text or --file");
+  if (int{a.has_text} + int{!a.file.empty()} + int{!a.chat.empty()} != 1)
+    return fail("tokenize: give exactly one of --text, --file or --chat");
   std::string text = a.text;
   if (!a.file.empty()) {
     auto r = read_all(a.file);
@@ -83,7 +105,7 @@ int run_tokenize(const TokenizeArgs& a) {
   }
   auto tok = load_tokenizer(a);
   if (!tok) return fail(tok.status().to_string());
-  auto ids = tok->encode(text, a.allow_special);
+  auto ids = a.chat.empty() ? tok->encode(text, a.allow_special) : encode_chat_file(*tok, a);
   if (!ids) return fail(ids.status().to_string());
   if (a.json) {
     std::cout << nlohmann::json(*ids).dump() << "\n";
@@ -137,6 +159,12 @@ const CommandRegistration kTokenize(
       sub->add_option("--file", a->file, "File whose bytes are encoded");
       sub->add_flag("--allow-special", a->allow_special,
                     "Control-token names in the text become control tokens (default: plain text)");
+      sub->add_option("--chat", a->chat,
+                      "JSON message list to encode in the Kimi-K3 chat format (control tokens "
+                      "only for the format's markers)");
+      sub->add_flag("--no-thinking", a->no_thinking, "Chat: thinking off (no think parts)");
+      sub->add_flag("--no-generation-prompt", a->no_generation_prompt,
+                    "Chat: do not open the assistant's turn at the end");
       sub->add_flag("--json", a->json, "Print a JSON array");
       return [a] { return run_tokenize(*a); };
     });

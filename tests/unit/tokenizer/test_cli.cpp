@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace attnres {
 namespace {
@@ -66,6 +68,37 @@ TEST_F(Cli, AllowSpecialControlsControlTokens) {
   EXPECT_EQ(back.out, "<|open|>\n");
 }
 
+// --chat encodes a message file exactly as the chat fixtures (tiktoken ids of encoding_k3.py's
+// segments) say.
+TEST_F(Cli, ChatFileMatchesReferenceIds) {
+  std::ifstream in(kFix + "/synthetic/chat.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto fx = nlohmann::json::parse(ss.str());
+  const fs::path dir =
+      fs::temp_directory_path() / ("attnres_cli_chat_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  int checked = 0;
+  for (const auto& c : fx["chat"]) {
+    std::ofstream(dir / "messages.json") << c["messages"].dump();
+    std::string flags;
+    if (!c["thinking"].get<bool>()) flags += " --no-thinking";
+    if (!c["add_generation_prompt"].get<bool>()) flags += " --no-generation-prompt";
+    CliRun r = run("tokenize --tokenizer " + kFix + "/synthetic --json --chat " +
+                   (dir / "messages.json").string() + flags);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out), c["ids"]) << c["messages"].dump();
+    if (++checked == 8) break;  // each run loads the tokenizer; a sample is enough here
+  }
+  std::ofstream(dir / "bad.json") << R"([{"role": "robot", "content": "x"}])";
+  CliRun bad =
+      run("tokenize --tokenizer " + kFix + "/synthetic --chat " + (dir / "bad.json").string());
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("bad.json: chat message 0: unknown role \"robot\""), std::string::npos)
+      << bad.out;
+  fs::remove_all(dir);
+}
+
 TEST_F(Cli, FileInputAndRawOutputRoundTripBytes) {
   const fs::path dir = fs::temp_directory_path() / ("attnres_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -100,7 +133,7 @@ TEST_F(Cli, BadInputIsANamedErrorWithNonZeroExit) {
       {"detokenize --tokenizer " + kFix + "/synthetic --ids 1,x2", "\"x2\" is not a token id"},
       {"tokenize --tokenizer " + kFix + "/synthetic --pattern gpt9 --text x",
        "unknown pre-tokenizer pattern \"gpt9\""},
-      {"tokenize --tokenizer " + kFix + "/synthetic", "exactly one of --text or --file"},
+      {"tokenize --tokenizer " + kFix + "/synthetic", "exactly one of --text, --file or --chat"},
   };
   for (const Case& c : cases) {
     CliRun r = run(c.args);
