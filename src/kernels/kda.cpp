@@ -87,10 +87,27 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
 }
 
 namespace {
-int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
-  // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C], q decayed row [dk]
-  return C * dk + C * C + C * dk + C * dv + C + dk;
+
+// Decay ratios exp(gc_c - gc_i) are factored through the start s of c's sub-block of
+// kSubBlock steps: exp(gc_c - gc_s) * exp(gc_s - gc_i). Within a sub-block both factors stay
+// inside exp(+-kMaxFactorLog); for i before the sub-block both are <= 1. A sub-block whose decay
+// span exceeds kMaxFactorLog (possible only without a gate lower bound) uses exact pairwise
+// exponentials instead, so nothing overflows for any gate values.
+constexpr int64_t kSubBlock = 16;
+constexpr float kMaxFactorLog = 80.0f;  // exp(80) ~ 5.5e34 < FLT_MAX; exp(-80) is normal
+
+int64_t sub_blocks(int64_t C) {
+  return (C + kSubBlock - 1) / kSubBlock;
 }
+
+int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
+  // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C], q decayed row [dk],
+  // kd, qd [C, dk] (rows decayed to their sub-block start), ku [nb, C, dk] (keys grown from
+  // each sub-block start), factored [nb]
+  return C * dk + C * C + C * dk + C * dv + C + dk + 2 * C * dk + sub_blocks(C) * C * dk +
+         sub_blocks(C);
+}
+
 }  // namespace
 
 int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t dv) {
@@ -100,7 +117,7 @@ int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t d
 void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                  int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
                  float* o, float* scratch) {
-  const int64_t C = chunk;
+  const int64_t C = chunk, NB = sub_blocks(C);
 #pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {
     float* S = state + h * dk * dv;                         // [dk, dv]
@@ -110,6 +127,10 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
     float* u = w + C * dk;                                  // [C, dv]
     float* aqk = u + C * dv;                                // [C]
     float* qg = aqk + C;                                    // [dk] q_c * exp(gc_c)
+    float* kd = qg + dk;                                    // [C, dk] k_c exp(gc_c - gc_s(c))
+    float* qd = kd + C * dk;                                // [C, dk] q_c exp(gc_c - gc_s(c))
+    float* ku = qd + C * dk;                                // [NB, C, dk] k_i exp(gc_s_b - gc_i)
+    float* factored = ku + NB * C * dk;                     // [NB] 1 = factored form usable
     auto row = [H, h](int64_t t, int64_t width) { return (t * H + h) * width; };
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t L = std::min(C, T - t0);
@@ -117,20 +138,50 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
         const float* gt = g + row(t0 + c, dk);
         for (int64_t d = 0; d < dk; ++d) gc[c * dk + d] = gt[d] + (c ? gc[(c - 1) * dk + d] : 0.0f);
       }
+      for (int64_t b = 0; b * kSubBlock < L; ++b) {
+        const int64_t s0 = b * kSubBlock, s1 = std::min(L, s0 + kSubBlock);
+        float span = 0.0f;  // largest decay inside the sub-block: gc_s - gc_last >= 0
+        for (int64_t d = 0; d < dk; ++d)
+          span = std::max(span, gc[s0 * dk + d] - gc[(s1 - 1) * dk + d]);
+        factored[b] = span <= kMaxFactorLog ? 1.0f : 0.0f;
+        if (factored[b] == 0.0f) continue;
+        for (int64_t c = s0; c < s1; ++c) {
+          const float* kc = k + row(t0 + c, dk);
+          const float* qc = q + row(t0 + c, dk);
+          for (int64_t d = 0; d < dk; ++d) {
+            const float e = std::exp(gc[c * dk + d] - gc[s0 * dk + d]);
+            kd[c * dk + d] = kc[d] * e;
+            qd[c * dk + d] = qc[d] * e;
+          }
+        }
+        for (int64_t i = 0; i < s1; ++i) {
+          const float* ki = k + row(t0 + i, dk);
+          float* kui = ku + (b * C + i) * dk;
+          for (int64_t d = 0; d < dk; ++d)
+            kui[d] = ki[d] * std::exp(gc[s0 * dk + d] - gc[i * dk + d]);
+        }
+      }
+      // x_c . diag(exp(gc_c - gc_i)) k_i for x = k (A) or q (Aqk), i <= c.
+      auto decayed_dot = [&](const float* x, const float* xd, int64_t c, int64_t i) {
+        const int64_t b = c / kSubBlock;
+        float acc = 0.0f;
+        if (factored[b] != 0.0f) {
+          const float* xr = xd + c * dk;
+          const float* kr = ku + (b * C + i) * dk;
+          for (int64_t d = 0; d < dk; ++d) acc += xr[d] * kr[d];
+        } else {
+          const float* ki = k + row(t0 + i, dk);
+          for (int64_t d = 0; d < dk; ++d)
+            acc += x[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
+        }
+        return acc;
+      };
       // A[c][i] (i < c) = -beta_c * sum_d k_c[d] exp(gc_c[d] - gc_i[d]) k_i[d]
       for (int64_t c = 0; c < L; ++c) {
         const float* kc = k + row(t0 + c, dk);
         const float bc = beta[(t0 + c) * H + h];
-        for (int64_t i = 0; i < L; ++i) {
-          float acc = 0.0f;
-          if (i < c) {
-            const float* ki = k + row(t0 + i, dk);
-            for (int64_t d = 0; d < dk; ++d)
-              acc += kc[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
-            acc = -acc * bc;
-          }
-          A[c * C + i] = acc;
-        }
+        for (int64_t i = 0; i < L; ++i)
+          A[c * C + i] = i < c ? -decayed_dot(kc, kd, c, i) * bc : 0.0f;
       }
       // Forward substitution: rows become those of (I - A_strict)^-1 - I.
       for (int64_t c = 1; c < L; ++c) {
@@ -140,15 +191,20 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
           A[c * C + i] = acc;
         }
       }
-      // T = (A + I) diag(beta); w = T (exp(gc) * k); u = T v
+      // T = (A + I) diag(beta); w = T (exp(gc) * k); u = T v. The decayed keys exp(gc_i) k_i
+      // (<= 1 in magnitude) go into kd, whose sub-block rows are no longer needed.
+      float* kg = kd;  // [C, dk]
+      for (int64_t i = 0; i < L; ++i) {
+        const float* ki = k + row(t0 + i, dk);
+        for (int64_t d = 0; d < dk; ++d) kg[i * dk + d] = std::exp(gc[i * dk + d]) * ki[d];
+      }
       for (int64_t c = 0; c < L; ++c) {
         for (int64_t d = 0; d < dk; ++d) w[c * dk + d] = 0.0f;
         for (int64_t j = 0; j < dv; ++j) u[c * dv + j] = 0.0f;
         for (int64_t i = 0; i <= c; ++i) {
           const float tci = (i == c ? 1.0f : A[c * C + i]) * beta[(t0 + i) * H + h];
-          const float* ki = k + row(t0 + i, dk);
           const float* vi = v + row(t0 + i, dv);
-          for (int64_t d = 0; d < dk; ++d) w[c * dk + d] += tci * std::exp(gc[i * dk + d]) * ki[d];
+          for (int64_t d = 0; d < dk; ++d) w[c * dk + d] += tci * kg[i * dk + d];
           for (int64_t j = 0; j < dv; ++j) u[c * dv + j] += tci * vi[j];
         }
       }
@@ -163,13 +219,7 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
       // o_c = (q_c * exp(gc_c)) S + sum_{j<=c} Aqk[c][j] v_new_j
       for (int64_t c = 0; c < L; ++c) {
         const float* qc = q + row(t0 + c, dk);
-        for (int64_t j = 0; j <= c; ++j) {
-          const float* kj = k + row(t0 + j, dk);
-          float acc = 0.0f;
-          for (int64_t d = 0; d < dk; ++d)
-            acc += qc[d] * std::exp(gc[c * dk + d] - gc[j * dk + d]) * kj[d];
-          aqk[j] = acc;
-        }
+        for (int64_t j = 0; j <= c; ++j) aqk[j] = decayed_dot(qc, qd, c, j);
         for (int64_t d = 0; d < dk; ++d) qg[d] = qc[d] * std::exp(gc[c * dk + d]);
         float* oc = o + row(t0 + c, dv);
         for (int64_t e = 0; e < dv; ++e) {

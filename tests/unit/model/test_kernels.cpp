@@ -79,6 +79,31 @@ TEST(KdaKernel, ChunkedMatchesRecurrentForSeveralChunkSizes) {
   }
 }
 
+TEST(KdaKernel, ChunkedHandlesStrongDecayWithoutLowerBound) {
+  // Softplus gate with large A_log: per-step log decays down to about -100, so sub-block decay
+  // spans exceed what the factored form may use and the exact pairwise path must take over.
+  KdaInputs in(70, 2, 8, 6, 81);
+  std::vector<float> f = randn(in.T * in.H * in.dk, 82, 3.0f);
+  std::vector<float> a_log = {3.0f, -2.0f};  // head 0 decays hard, head 1 gently
+  std::vector<float> dt(in.H * in.dk, 0.0f);
+  kda_gate(f.data(), in.T, in.H, in.dk, a_log.data(), dt.data(), std::nullopt, in.g.data());
+  float min_g = 0.0f;
+  for (float x : in.g) min_g = std::min(min_g, x);
+  EXPECT_LT(min_g, -40.0f);
+  std::vector<float> s_ref(in.H * in.dk * in.dv, 0.0f), o_ref(in.T * in.H * in.dv);
+  kda_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.T, in.H,
+                in.dk, in.dv, s_ref.data(), o_ref.data());
+  for (int64_t chunk : {16, 64}) {
+    std::vector<float> s(s_ref.size(), 0.0f), o(o_ref.size());
+    std::vector<float> scratch(kda_chunk_scratch_floats(in.H, chunk, in.dk, in.dv));
+    kda_chunked(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.T, in.H,
+                in.dk, in.dv, chunk, s.data(), o.data(), scratch.data());
+    for (float x : o) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_LT(max_abs_diff(o, o_ref), 2e-5f) << "chunk " << chunk;
+    EXPECT_LT(max_abs_diff(s, s_ref), 2e-5f) << "chunk " << chunk;
+  }
+}
+
 TEST(KdaKernel, SplitSequenceCarriesState) {
   KdaInputs in(20, 2, 8, 8, 21);
   std::vector<float> s_full(in.H * in.dk * in.dv, 0.0f), o_full(in.T * in.H * in.dv);
