@@ -438,7 +438,7 @@ void MatmulBf16(const float* x, int64_t T, const uint16_t* w, int64_t N, int64_t
 // products per f32 lane (lane j of a 32-element step takes k = 2j + 1, then 2j), so no widening
 // and twice the multiply-adds per instruction. Highway 1.0.3 has no target for it, so this is
 // raw intrinsics under an extra target attribute, called only when the CPU reports the feature.
-#define ATTNRES_BF16_DOT __attribute__((target("avx512bf16")))
+#define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16x32(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
