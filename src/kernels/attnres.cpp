@@ -55,7 +55,7 @@ float dot_row(const T* v, const float* q, int64_t d) {
 // source row: column j is written after every source's column j was read).
 template <typename T>
 void read_row(const T* const* rows, int n, int64_t d, const float* q, float eps, T* out) {
-  float p[kMaxAttnResSources];
+  float p[kMaxAttnResSources] = {};
   if (n == 1) {
     p[0] = 1.0f;  // the skipped read: softmax over one source is exactly 1
   } else {

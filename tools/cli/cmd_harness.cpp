@@ -79,14 +79,14 @@ int run_harness_cmd(HarnessArgs& a) {
         "buffers\n\n",
         static_cast<long long>(h.output_elements), static_cast<long long>(h.bank_elements),
         h.lower_bound_buffers);
-    std::printf("%-15s %8s %12s %14s %22s %22s %9s\n", "policy", "buffers", "arena MiB",
-                "peak RSS MiB", "output mismatches", "bank mismatches", "seconds");
+    std::printf("%-15s %8s %10s %13s %9s  %-28s %s\n", "policy", "buffers", "arena MiB",
+                "peak RSS MiB", "seconds", "output mismatches", "bank mismatches");
     for (const auto& [p, pr] : h.policies) {
-      std::printf("%-15s %8d %12.1f %14.1f %22s %22s %9.2f\n", std::string(policy_name(p)).c_str(),
+      std::printf("%-15s %8d %10.1f %13.1f %9.2f  %-28s %s\n", std::string(policy_name(p)).c_str(),
                   pr.buffers, static_cast<double>(pr.peak_bytes) / (1 << 20),
-                  static_cast<double>(pr.rss_peak_bytes) / (1 << 20),
+                  static_cast<double>(pr.rss_peak_bytes) / (1 << 20), pr.seconds,
                   join_counts(pr.output_mismatches).c_str(),
-                  join_counts(pr.bank_mismatches).c_str(), pr.seconds);
+                  join_counts(pr.bank_mismatches).c_str());
     }
     std::printf("\n(mismatches per rep against separate; separate against its first rep)\n");
     for (const auto& [p, pr] : h.policies) {
