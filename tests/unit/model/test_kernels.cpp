@@ -12,6 +12,7 @@
 #include "kernels/mla.h"
 #include "kernels/norm.h"
 #include "kernels/router.h"
+#include "model/arena.h"
 #include "model/state.h"
 
 namespace attnres {
@@ -304,6 +305,32 @@ TEST(LatentCacheStorage, RoundTripErrorBounds) {
   }
   EXPECT_EQ(LatentCache(KvCacheDtype::kFP8, 512, 64).bytes_per_token(), 576u + 8u);
   EXPECT_EQ(LatentCache(KvCacheDtype::kBF16, 512, 64).bytes_per_token(), 1152u);
+}
+
+TEST(ArenaStorage, AlignedDisjointAndCoalescedOnReset) {
+  Arena arena;
+  float* a = arena.take<float>(100);
+  float* b = arena.take<float>(3 << 20);  // forces a second block
+  int32_t* c = arena.take<int32_t>(7);
+  for (const void* p :
+       {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c)})
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  EXPECT_TRUE(b >= a + 100 || b + (3 << 20) <= a);
+  a[99] = 1.0f;
+  b[0] = 2.0f;
+  b[(3 << 20) - 1] = 3.0f;
+  EXPECT_EQ(a[99], 1.0f);
+  const int64_t allocs = arena.heap_allocations();
+  EXPECT_GE(allocs, 2);
+  arena.reset();  // two blocks -> one of their total size
+  EXPECT_EQ(arena.heap_allocations(), allocs + 1);
+  const size_t cap = arena.capacity_bytes();
+  arena.take<float>(100);
+  arena.take<float>(3 << 20);
+  arena.take<int32_t>(7);
+  arena.reset();
+  EXPECT_EQ(arena.heap_allocations(), allocs + 1);  // the same shape fits: nothing allocated
+  EXPECT_EQ(arena.capacity_bytes(), cap);
 }
 
 }  // namespace

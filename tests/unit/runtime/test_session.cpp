@@ -79,6 +79,28 @@ TEST(Session, RepeatedGenerationDoesNotAllocateInTheArena) {
   EXPECT_EQ((*s)->arena().heap_allocations(), before);
 }
 
+// The default bf16 flow with an fp8 latent cache: finite logits, and two sessions give the
+// same tokens and bitwise the same logits (no hidden state outside the session).
+TEST(Session, Bf16WithFp8CacheIsDeterministic) {
+  const testing::GoldenSet& g = golden("tiny-b");
+  const std::vector<int32_t> prompt = g.ids("case1.prompt_ids");
+  SessionOptions o;
+  o.forward.kv = KvCacheDtype::kFP8;
+  o.chunk_size = 4;
+  GenerateResult r[2];
+  for (auto& out : r) {
+    auto s = Session::create(g.weights, o);
+    ASSERT_TRUE(s.is_ok());
+    auto res = generate_greedy(**s, prompt, 6, -1, true);
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    out = std::move(res).value();
+  }
+  EXPECT_EQ(r[0].generated, r[1].generated);
+  EXPECT_EQ(r[0].decode_logits, r[1].decode_logits);
+  EXPECT_EQ(r[0].decode_logits.size(), 6u * static_cast<size_t>(g.weights.config.vocab_size));
+  for (float x : r[0].decode_logits) ASSERT_TRUE(std::isfinite(x));
+}
+
 TEST(Session, RejectsBadInput) {
   const testing::GoldenSet& g = golden("tiny-a");
   EXPECT_FALSE(Session::create(g.weights, f32_session(0)).is_ok());
