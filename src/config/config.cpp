@@ -256,6 +256,10 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
   read_token("bos_token_id", c.bos_token_id);
   read_token("eos_token_id", c.eos_token_id);
   read_token("pad_token_id", c.pad_token_id);
+  if (r.present("max_position_embeddings")) {
+    int64_t v = 0;
+    if (r.required("max_position_embeddings", v)) c.max_position_embeddings = v;
+  }
 
   if (const json* lac = r.object("linear_attn_config")) {
     FieldReader l(*lac, prefix + "linear_attn_config.");
@@ -336,6 +340,9 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
       if (c.routed_expert_hidden_size && *c.routed_expert_hidden_size <= 0)
         r.add(ErrorCode::kInvalidValue, "routed_expert_hidden_size", "must be > 0");
     }
+    if (c.max_position_embeddings && *c.max_position_embeddings <= 0)
+      r.add(ErrorCode::kInvalidValue, "max_position_embeddings",
+            "is " + std::to_string(*c.max_position_embeddings) + ", expected > 0");
     if (c.attn_res_block_size && *c.attn_res_block_size <= 0)
       r.add(ErrorCode::kInvalidValue, "attn_res_block_size",
             "is " + std::to_string(*c.attn_res_block_size) + ", expected > 0");

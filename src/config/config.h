@@ -115,6 +115,8 @@ struct ModelConfig {
   std::optional<int> attn_res_block_size;
 
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  // Longest context the model was trained for; absent = no limit enforced.
+  std::optional<int64_t> max_position_embeddings;
 
   LayerSchedule schedule;
 

@@ -41,8 +41,10 @@ json k3_text_config(int layers, int hidden, int vocab, int block, int kda_heads,
       {"activation_situ_linear_beta", 25.0},
       {"architectures", {"KimiLinearForCausalLM"}},
       {"attn_res_block_size", block},
-      {"bos_token_id", vocab - 6},
-      {"eos_token_id", vocab - 4},
+      // Kimi's tokenizer layout: `vocab - 256` ranks, then 256 control ids, of which the first
+      // is [BOS], the third <|end_of_msg|> (the eos/stop token) and the last [PAD].
+      {"bos_token_id", vocab - 256},
+      {"eos_token_id", vocab - 254},
       {"pad_token_id", vocab - 1},
       {"dtype", "bfloat16"},
       {"first_k_dense_replace", 1},
@@ -228,6 +230,68 @@ Status write_text_file(const fs::path& path, const std::string& text) {
   return Status::ok();
 }
 
+std::string base64(std::string_view bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = (uint32_t{static_cast<uint8_t>(bytes[i])} << 16) |
+                       (uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8) |
+                       static_cast<uint8_t>(bytes[i + 2]);
+    for (int k = 18; k >= 0; k -= 6) out += kAlphabet[(v >> k) & 63];
+  }
+  if (i < bytes.size()) {
+    uint32_t v = uint32_t{static_cast<uint8_t>(bytes[i])} << 16;
+    if (i + 1 < bytes.size()) v |= uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+// A byte-level BPE rank file in tiktoken.model format with `n_ranks` ranks: the 256 single
+// bytes, then printable-ASCII pairs, then lowercase (and space-led) triples, so every multi-byte
+// token is reachable by merging lower-ranked ones. Plus the control-token names of Kimi's
+// layout in a tokenizer_config.json (ids n_ranks + offset).
+std::string synthetic_ranks(int64_t n_ranks) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  for (char a = ' '; a <= '~' && static_cast<int64_t>(tokens.size()) < n_ranks; ++a)
+    for (char b = ' '; b <= '~' && static_cast<int64_t>(tokens.size()) < n_ranks; ++b)
+      tokens.push_back(std::string{a, b});
+  const std::string first = " abcdefghijklmnopqrstuvwxyz";
+  for (char a : first)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z' && static_cast<int64_t>(tokens.size()) < n_ranks; ++c)
+        tokens.push_back(std::string{a, b, c});
+  for (char a : first)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z'; ++c)
+        for (char d = 'a'; d <= 'z' && static_cast<int64_t>(tokens.size()) < n_ranks; ++d)
+          tokens.push_back(std::string{a, b, c, d});
+  std::string out;
+  for (size_t r = 0; r < tokens.size(); ++r)
+    out += base64(tokens[r]) + " " + std::to_string(r) + "\n";
+  return out;
+}
+
+std::string synthetic_tokenizer_config(int64_t n_ranks) {
+  static constexpr std::pair<int, const char*> kNames[] = {
+      {0, "[BOS]"},     {1, "[EOS]"},   {2, "<|end_of_msg|>"}, {3, "<|open|>"},
+      {4, "<|close|>"}, {5, "<|sep|>"}, {254, "[UNK]"},        {255, "[PAD]"}};
+  json added = json::object();
+  for (const auto& [offset, name] : kNames)
+    added[std::to_string(n_ranks + offset)] = {{"content", name}, {"special", true}};
+  const json cfg = {{"tokenizer_class", "TikTokenTokenizer"},
+                    {"added_tokens_decoder", added},
+                    {"bos_token", "[BOS]"},
+                    {"eos_token", "[EOS]"}};
+  return cfg.dump(2) + "\n";
+}
+
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
@@ -286,7 +350,8 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
   if (!overwrite) {
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string f = entry.path().filename().string();
-      if (f == "config.json" || f.ends_with(".safetensors") || f == "model.safetensors.index.json")
+      if (f == "config.json" || f.ends_with(".safetensors") || f == "tiktoken.model" ||
+          f == "model.safetensors.index.json")
         return Status(
             ErrorCode::kInvalidArgument,
             out_dir + ": already holds '" + f + "'; choose an empty directory or pass --overwrite");
@@ -354,6 +419,12 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     ATTNRES_RETURN_IF_ERROR(
         write_text_file(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  const int64_t n_ranks = cfg.vocab_size - 256;
+  if (n_ranks >= 256) {
+    ATTNRES_RETURN_IF_ERROR(write_text_file(dir / "tiktoken.model", synthetic_ranks(n_ranks)));
+    ATTNRES_RETURN_IF_ERROR(
+        write_text_file(dir / "tokenizer_config.json", synthetic_tokenizer_config(n_ranks)));
   }
   ATTNRES_RETURN_IF_ERROR(write_text_file(dir / "config.json", config_text));
   return report;

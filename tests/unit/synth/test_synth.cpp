@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "io/weights.h"
 #include "synth/synth.h"
+#include "tokenizer/tokenizer.h"
 
 namespace attnres {
 namespace {
@@ -56,6 +57,17 @@ TEST(Synth, TinyPresetBindsAndIsDeterministic) {
   EXPECT_GT(kda.a_log_stored.numel(), static_cast<int64_t>(kda.a_log.size()));
   for (int64_t i = static_cast<int64_t>(kda.a_log.size()); i < kda.a_log_stored.numel(); ++i)
     EXPECT_EQ(kda.a_log_stored.get_f32(i), 0.0f);
+
+  // The byte-level tokenizer in Kimi's layout: control ids right after the ranks, the stop
+  // token is the config's eos.
+  auto tok = Tokenizer::load((a / "tiktoken.model").string(), PreTokenizer::kKimi);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->vocab_size(), w->config.vocab_size);
+  EXPECT_EQ(tok->special_id("<|end_of_msg|>"), w->config.eos_token_id);
+  EXPECT_EQ(tok->special_id("[BOS]"), w->config.bos_token_id);
+  auto ids = tok->encode("hello, world", false);
+  ASSERT_TRUE(ids.is_ok());
+  EXPECT_EQ(*tok->decode(*ids), "hello, world");
 
   ASSERT_TRUE(write_synthetic_model(*preset, b.string(), 7).is_ok());
   ASSERT_TRUE(write_synthetic_model(*preset, c.string(), 8).is_ok());

@@ -1,0 +1,125 @@
+// End-to-end tests of the text front ends (generate, chat, run, make-model) on a synthetic tiny
+// model written into a temporary directory.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Cmd {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+Cmd run(const std::string& args, const std::string& stdin_text = "") {
+  const fs::path dir = fs::temp_directory_path();
+  const std::string tag = std::to_string(::getpid());
+  const fs::path in = dir / ("attnres_cli_in_" + tag), err = dir / ("attnres_cli_err_" + tag);
+  std::ofstream(in) << stdin_text;
+  const std::string cmd =
+      std::string(ATTNRES_CLI_PATH) + " " + args + " <" + in.string() + " 2>" + err.string();
+  Cmd c;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) c.out.append(buf, n);
+  c.status = pclose(p);
+  std::ifstream e(err);
+  c.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(in);
+  fs::remove(err);
+  return c;
+}
+
+class TextCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ =
+        (fs::temp_directory_path() / ("attnres_cli_tiny_" + std::to_string(::getpid()))).string();
+    fs::remove_all(model_);
+    const Cmd c = run("make-model --preset tiny --out " + model_ + " --seed 5");
+    ASSERT_EQ(c.status, 0) << c.err;
+  }
+  static void TearDownTestSuite() { fs::remove_all(model_); }
+  static std::string model_;
+};
+std::string TextCli::model_;
+
+TEST_F(TextCli, GenerateIsReproducibleAndMatchesGreedyRun) {
+  const std::string base = "generate --model " + model_ + " --prompt 'Hello, world' --json ";
+  const Cmd a = run(base + "--max-new-tokens 12 --temperature 0.9 --top-p 0.95 --seed 7");
+  const Cmd b = run(base + "--max-new-tokens 12 --temperature 0.9 --top-p 0.95 --seed 7");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["tokens"], jb["tokens"]);
+  EXPECT_EQ(ja["tokens"].size(), 12u);
+
+  // Greedy generate == the `run` command's greedy ids on the same prompt ids.
+  const Cmd tok =
+      run("tokenize --tokenizer " + model_ + "/tiktoken.model --text 'Hello, world' --json");
+  ASSERT_EQ(tok.status, 0) << tok.err;
+  std::string ids;
+  for (const auto& id : nlohmann::json::parse(tok.out))
+    ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const Cmd g = run(base + "--max-new-tokens 6");
+  const Cmd r = run("run --model " + model_ + " --prompt-ids " + ids +
+                    " --max-new-tokens 6 --ignore-eos --json");
+  ASSERT_EQ(g.status, 0) << g.err;
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto jg = nlohmann::json::parse(g.out), jr = nlohmann::json::parse(r.out);
+  ASSERT_LE(jg["tokens"].size(), 6u);
+  for (size_t i = 0; i < jg["tokens"].size(); ++i)
+    EXPECT_EQ(jg["tokens"][i], jr["generated"][i]) << i;
+}
+
+TEST_F(TextCli, GenerateStreamsTextAndReportsSpeed) {
+  const Cmd c = run("generate --model " + model_ + " --prompt 'abc' --max-new-tokens 5");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.err.find("tok/s"), std::string::npos) << c.err;
+  EXPECT_EQ(c.err.find("loading"), std::string::npos)
+      << "no progress when stderr is not a terminal";
+}
+
+TEST_F(TextCli, PromptLongerThanContextIsAnError) {
+  const fs::path small = fs::path(model_ + "_ctx");
+  fs::remove_all(small);
+  fs::copy(model_, small);
+  auto cfg = nlohmann::json::parse(std::ifstream(small / "config.json"));
+  cfg["text_config"]["max_position_embeddings"] = 8;
+  std::ofstream(small / "config.json") << cfg.dump();
+  const Cmd c = run("generate --model " + small.string() +
+                    " --prompt 'this prompt is longer than eight tokens' --max-new-tokens 2");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.err.find("max_position_embeddings"), std::string::npos) << c.err;
+  fs::remove_all(small);
+}
+
+TEST_F(TextCli, MissingTokenizerIsAnError) {
+  const Cmd c =
+      run("generate --model " + model_ + " --tokenizer /nonexistent/tiktoken.model --prompt x");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.err.find("/nonexistent/tiktoken.model"), std::string::npos) << c.err;
+}
+
+TEST_F(TextCli, BadSamplingFlagIsAnError) {
+  const Cmd c = run("generate --model " + model_ + " --prompt x --top-p 1.5");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.err.find("top_p"), std::string::npos) << c.err;
+}
+
+TEST_F(TextCli, ChatKeepsHistoryResetsAndExits) {
+  const Cmd c = run("chat --model " + model_ + " --max-new-tokens 4 --thinking off",
+                    "hi there\nand again\n/reset\nhello\n/exit\nnever read\n");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.out.find("(history cleared)"), std::string::npos) << c.out;
+}
+
+}  // namespace
