@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -55,6 +56,26 @@ TEST(PlanCli, PublishedConfigJson) {
   EXPECT_EQ(h[0].at("victim"), "bank[7]");
   EXPECT_EQ(h[0].at("readers").back(), "final");
   EXPECT_EQ(j.at("values").size(), 560u);
+}
+
+// The published config without attn_res_block_size is a plain residual model: it plans (no bank,
+// no hazard under any policy) and planned meets the lower bound.
+TEST(PlanCli, PlainResidualConfig) {
+  SKIP_WITHOUT_CLI();
+  std::ifstream in(std::string(ATTNRES_FIXTURES_DIR) + "/kimi-k3-config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg.at("text_config").erase("attn_res_block_size");
+  const auto path = std::filesystem::temp_directory_path() / "attnres_plain_config.json";
+  std::ofstream(path) << cfg.dump();
+  const CliRun r = run_cli("plan --config " + path.string() + " --tokens 8 --json");
+  std::filesystem::remove(path);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("bank_slots"), 0);
+  for (const auto& [name, p] : j.at("policies").items()) {
+    EXPECT_TRUE(p.at("hazards").empty()) << name;
+  }
+  EXPECT_EQ(j.at("policies").at("planned").at("peak_buffers"), j.at("lower_bound_buffers"));
 }
 
 TEST(PlanCli, HarnessJsonAndExitStatus) {
