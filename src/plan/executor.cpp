@@ -8,6 +8,7 @@
 //    policies run the same arithmetic and differ only in where values live.
 //  - The inverse RMS of committed slot k lives in inv_rms[k] ([max_tokens] fp32), written by the
 //    commit and read by every later read of slot k.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -241,9 +242,13 @@ Status Executor::run(SublayerRunner& runner, const ForwardParams& params,
         break;
       case StepKind::kPreAttnRead:
       case StepKind::kPreMlpRead:
-      case StepKind::kFinalRead:
+      case StepKind::kFinalRead: {
+        const auto t0 = std::chrono::steady_clock::now();
         ATTNRES_RETURN_IF_ERROR(run_read(s, params, T));
+        read_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         break;
+      }
     }
     if (observer) {
       for (int v : s.writes()) observer(s, v, value_view(v));

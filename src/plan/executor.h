@@ -131,8 +131,12 @@ class Executor {
   const Plan& plan() const { return plan_; }
   const ExecutorOptions& options() const { return options_; }
   size_t arena_bytes() const;
+  // Wall time spent in AttnRes read steps (fused or reference kernel) since creation: what
+  // `attnres bench` reports as the AttnRes share of decode time.
+  double read_seconds() const { return read_seconds_; }
 
  private:
+  double read_seconds_ = 0;
   Executor(Program program, Plan plan, const ExecutorOptions& options);
   Status check_params(const ForwardParams& params) const;
   Status run_read(const Step& step, const ForwardParams& params, int64_t T);

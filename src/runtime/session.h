@@ -50,6 +50,11 @@ class Session {
   const SessionOptions& options() const { return options_; }
   const SequenceState& state() const { return state_; }
   const Arena& arena() const { return arena_; }
+  // Wall time spent in AttnRes reads by this session's planned executor (0 on the reference
+  // path, which is not instrumented).
+  double attnres_read_seconds() const {
+    return planned_ ? planned_->executor().read_seconds() : 0.0;
+  }
 
  private:
   Session(const ModelWeights& w, const SessionOptions& o);
