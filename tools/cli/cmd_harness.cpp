@@ -5,6 +5,7 @@
 // expectation fails.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,15 @@ struct HarnessArgs {
   bool json = false;
 };
 
+// The 1-minute load average (/proc/loadavg), so recorded timings carry their context; -1 if
+// unavailable.
+double load_average() {
+  std::ifstream f("/proc/loadavg");
+  double l = -1;
+  if (!(f >> l)) return -1;
+  return l;
+}
+
 std::string join_counts(const std::vector<int64_t>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -36,11 +46,13 @@ int run_harness_cmd(HarnessArgs& a) {
   } else {
     return fail("--dtype: expected bf16 or f32, got '" + a.dtype + "'");
   }
+  const double load_before = load_average();
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_harness(a.o);
   if (!r.is_ok()) return fail(r.status().to_string());
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const HarnessResult& h = *r;
+  const double load_after = load_average();
   if (a.json) {
     nlohmann::json j;
     j["layers"] = a.o.layers;
@@ -56,6 +68,7 @@ int run_harness_cmd(HarnessArgs& a) {
     j["ok"] = h.ok();
     j["failures"] = h.failures;
     j["total_seconds"] = total;
+    j["load_average"] = {load_before, load_after};
     nlohmann::json pols = nlohmann::json::object();
     for (const auto& [p, pr] : h.policies) {
       pols[std::string(policy_name(p))] = {{"output_mismatches", pr.output_mismatches},
@@ -94,7 +107,8 @@ int run_harness_cmd(HarnessArgs& a) {
                   pr.hazards.size());
       for (const Hazard& hz : pr.hazards) std::printf("  %s\n", format_hazard(hz).c_str());
     }
-    std::printf("\ntotal %.1f s: %s\n", total, h.ok() ? "OK" : "FAILED");
+    std::printf("\ntotal %.1f s (1-min load average %.2f before, %.2f after): %s\n", total,
+                load_before, load_after, h.ok() ? "OK" : "FAILED");
     for (const std::string& f : h.failures) std::printf("  FAILED: %s\n", f.c_str());
   }
   return h.ok() ? 0 : 1;
