@@ -36,6 +36,43 @@ void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_
 void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                       int64_t N, int64_t K, float* y);
 
+// ------------------------------------------------------------------------------------------
+// Batched projections: several independent products y_j = x_j W_j^T in ONE parallel region.
+// A parallel region costs a fork/join and a barrier (tens of microseconds on a loaded 2-core
+// machine), so a decode step that issues dozens of small projections per layer is dominated by
+// them; batching the projections that are ready at the same time (q/k/v/g sharing an input, the
+// routed experts of a step) removes most regions.
+//
+// Each output element is computed with exactly the arithmetic of matmul() / mxfp4_matmul() for
+// that job (bitwise equal; only the split of rows over threads differs), so results do not depend
+// on the thread count or on how jobs are grouped into batches. Jobs must not write to memory
+// another job of the batch reads.
+enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4 };
+
+struct MatmulJob {
+  const float* x = nullptr;  // [T, K] f32
+  int64_t T = 0;             // tokens (rows of x and y); 0 = nothing to do
+  WeightKind kind = WeightKind::kBF16;
+  const void* w = nullptr;         // [N, K] f32 or bf16; MXFP4: packed nibbles [N, K/2]
+  const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise
+  int64_t N = 0, K = 0;
+  float* y = nullptr;  // [T, N] f32
+};
+
+// A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight), or over rows
+// [row0, row0 + rows) of it.
+MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y);
+MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t row0, int64_t rows,
+                         float* y);
+MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
+                    int64_t N, int64_t K, float* y);
+
+// Runs every job; work is split over the OpenMP threads by (job, row group) in proportion to
+// T * rows * K, one contiguous range per thread. Small batches run on the calling thread.
+void matmul_batch(const MatmulJob* jobs, int64_t n_jobs);
+// Scalar twin: each job through matmul_ref / mxfp4_matmul_ref.
+void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs);
+
 // Name of the Highway target the dispatched kernels run on here ("AVX3" = AVX-512, "AVX2",
 // "SSE4", "SSSE3", "SCALAR"); chosen once from the CPU's features.
 const char* matmul_simd_target();

@@ -374,8 +374,37 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
   }
 }
 
-// Walks the [T, N] output (see the header) and calls tile() on each register tile.
-// bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
+// Walks output rows [row_begin, row_end) of the [T, N] output (see the header) and calls tile()
+// on each register tile. bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
+template <int TM, int TN, class Tile>
+void DriveRange(int64_t T, int64_t K, int64_t bytes_per_row, int64_t row_begin, int64_t row_end,
+                const Tile& tile) {
+  // Blocks of ~192 KiB of weight rows; tokens in blocks of ~512 KiB of f32 rows (L2), each
+  // applied to every row group of the block before moving on.
+  int64_t nb = std::max<int64_t>(TN, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
+  nb = nb / TN * TN;
+  int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
+  tb = tb / TM * TM;
+  for (int64_t n_begin = row_begin; n_begin < row_end; n_begin += nb) {
+    const int64_t n_end = std::min(row_end, n_begin + nb);
+    for (int64_t t0 = 0; t0 < T; t0 += tb) {
+      const int64_t t_end = std::min(T, t0 + tb);
+      for (int64_t n = n_begin; n < n_end; n += TN) {
+        const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
+        for (int64_t t = t0; t < t_end; t += TM) {
+          const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
+          TileAny<TN, TM>(tile, t, n, mr, nr);
+        }
+      }
+    }
+  }
+}
+
+// Products with fewer multiply-adds than this run on the calling thread: a parallel region
+// costs microseconds (much more when the machine is oversubscribed), more than ~256K
+// multiply-adds take.
+constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
+
 template <int TM, int TN, class Tile>
 void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& tile) {
   // Static partition: thread i of n owns row groups [G i / n, G (i + 1) / n) (G groups of TN
@@ -383,15 +412,7 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
   // its weights front to back. Only this partition depends on the thread count; the
   // per-element arithmetic does not (see the header).
   const int64_t groups = (N + TN - 1) / TN;
-  // Within a range: blocks of ~192 KiB of weight rows; tokens in blocks of ~512 KiB of f32 rows
-  // (L2), each applied to every row group of the block before moving on.
-  int64_t nb = std::max<int64_t>(TN, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
-  nb = nb / TN * TN;
-  int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
-  tb = tb / TM * TM;
-  // Small products run on the calling thread: a parallel region costs microseconds (much more
-  // when the machine is oversubscribed), more than ~256K multiply-adds take.
-  const bool parallel = T * N * K >= (int64_t{1} << 18) && groups > 1;
+  const bool parallel = T * N * K >= kParallelMinMacs && groups > 1;
 #pragma omp parallel if (parallel)
   {
     int64_t id = 0, nt = 1;
@@ -401,19 +422,7 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
 #endif
     const int64_t range_begin = groups * id / nt * TN;
     const int64_t range_end = std::min(N, groups * (id + 1) / nt * TN);
-    for (int64_t n_begin = range_begin; n_begin < range_end; n_begin += nb) {
-      const int64_t n_end = std::min(range_end, n_begin + nb);
-      for (int64_t t0 = 0; t0 < T; t0 += tb) {
-        const int64_t t_end = std::min(T, t0 + tb);
-        for (int64_t n = n_begin; n < n_end; n += TN) {
-          const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
-          for (int64_t t = t0; t < t_end; t += TM) {
-            const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
-            TileAny<TN, TM>(tile, t, n, mr, nr);
-          }
-        }
-      }
-    }
+    DriveRange<TM, TN>(T, K, bytes_per_row, range_begin, range_end, tile);
   }
 }
 
@@ -515,6 +524,86 @@ void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t
                     });
 }
 
+// ------------------------------------------------------------------------------------------
+// Batches (matmul.h): one parallel region for several jobs.
+
+int64_t JobGroupRows(const MatmulJob& j) {
+  return j.kind == WeightKind::kMxfp4 ? kNRq : kNR;
+}
+
+// Rows [row_begin, row_end) of job j, with exactly the tiles matmul() / mxfp4_matmul() use.
+void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
+  const int64_t T = j.T, N = j.N, K = j.K;
+  float* y = j.y;
+  switch (j.kind) {
+    case WeightKind::kF32: {
+      const F32Rows xs{j.x, T, K}, rows{static_cast<const float*>(j.w), N, K};
+      DriveRange<kMR, kNR>(
+          T, K, K * 4, row_begin, row_end, [&](auto mr, auto nr, int64_t t, int64_t n) {
+            DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
+          });
+      break;
+    }
+    case WeightKind::kBF16: {
+      const F32Rows xs{j.x, T, K};
+      const Bf16Rows rows{static_cast<const uint16_t*>(j.w), N, K};
+      DriveRange<kMR, kNR>(
+          T, K, K * 2, row_begin, row_end, [&](auto mr, auto nr, int64_t t, int64_t n) {
+            DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
+          });
+      break;
+    }
+    case WeightKind::kMxfp4: {
+      const auto* packed = static_cast<const uint8_t*>(j.w);
+      DriveRange<kMRq, kNRq>(T, K, K / 2 + K / kMxfp4BlockSize, row_begin, row_end,
+                             [&](auto mr, auto nr, int64_t t, int64_t n) {
+                               Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
+                                   j.x + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
+                             });
+      break;
+    }
+  }
+}
+
+void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
+  // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). Thread i
+  // of n owns the units whose cumulative cost starts in [C i / n, C (i + 1) / n): a contiguous
+  // run of (job, group) pairs, so each thread streams its weights front to back.
+  int64_t total = 0, units = 0;
+  for (int64_t i = 0; i < n_jobs; ++i) {
+    const MatmulJob& j = jobs[i];
+    if (j.T <= 0 || j.N <= 0) continue;
+    const int64_t g = JobGroupRows(j);
+    total += (j.N + g - 1) / g * (g * j.K * j.T);
+    units += (j.N + g - 1) / g;
+  }
+  if (total == 0) return;
+  const bool parallel = total >= kParallelMinMacs && units > 1;
+#pragma omp parallel if (parallel)
+  {
+    int64_t id = 0, nt = 1;
+#ifdef _OPENMP
+    id = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    const int64_t lo = total / nt * id + total % nt * id / nt;
+    const int64_t hi = total / nt * (id + 1) + total % nt * (id + 1) / nt;
+    int64_t prefix = 0;  // cost of the jobs before j
+    for (int64_t i = 0; i < n_jobs && prefix < hi; ++i) {
+      const MatmulJob& j = jobs[i];
+      if (j.T <= 0 || j.N <= 0) continue;
+      const int64_t g = JobGroupRows(j), groups = (j.N + g - 1) / g, unit = g * j.K * j.T;
+      // Groups q with lo <= prefix + q * unit < hi.
+      const auto first_at_or_after = [&](int64_t c) {
+        return c <= prefix ? 0 : std::min(groups, (c - prefix + unit - 1) / unit);
+      };
+      const int64_t q0 = first_at_or_after(lo), q1 = first_at_or_after(hi);
+      if (q0 < q1) RunJobRows(j, q0 * g, std::min(j.N, q1 * g));
+      prefix += groups * unit;
+    }
+  }
+}
+
 int64_t ChosenTarget() {
   return HWY_TARGET;
 }
@@ -531,6 +620,7 @@ HWY_EXPORT(MatmulBf16);
 HWY_EXPORT(MatmulBf16Act);
 HWY_EXPORT(Mxfp4Matmul);
 HWY_EXPORT(ChosenTarget);
+HWY_EXPORT(MatmulBatch);
 
 void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
   assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
@@ -560,6 +650,75 @@ void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_
   assert(K % kMxfp4BlockSize == 0);
   if (T <= 0 || N <= 0) return;
   HWY_DYNAMIC_DISPATCH(Mxfp4Matmul)(x, T, packed, scale, N, K, y);
+}
+
+MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t row0, int64_t rows,
+                         float* y) {
+  assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
+  assert(row0 >= 0 && rows >= 0 && row0 + rows <= W.shape[0]);
+  MatmulJob j;
+  j.x = x;
+  j.T = T;
+  j.K = W.shape[1];
+  j.N = rows;
+  j.kind = W.dtype == DType::kBF16 ? WeightKind::kBF16 : WeightKind::kF32;
+  j.w = W.data + static_cast<size_t>(row0 * j.K) * dtype_size(W.dtype);
+  j.y = y;
+  return j;
+}
+
+MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y) {
+  return dense_rows_job(x, T, W, 0, W.shape[0], y);
+}
+
+MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
+                    int64_t N, int64_t K, float* y) {
+  assert(K % kMxfp4BlockSize == 0);
+  MatmulJob j;
+  j.x = x;
+  j.T = T;
+  j.kind = WeightKind::kMxfp4;
+  j.w = packed;
+  j.scale = scale;
+  j.N = N;
+  j.K = K;
+  j.y = y;
+  return j;
+}
+
+void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) {
+  if (n_jobs <= 0) return;
+  HWY_DYNAMIC_DISPATCH(MatmulBatch)(jobs, n_jobs);
+}
+
+void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs) {
+  for (int64_t i = 0; i < n_jobs; ++i) {
+    const MatmulJob& j = jobs[i];
+    const int64_t N = j.N, K = j.K;
+    for (int64_t t = 0; t < j.T; ++t) {
+      const float* xr = j.x + t * K;
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          float w = 0.0f;
+          switch (j.kind) {
+            case WeightKind::kF32:
+              w = static_cast<const float*>(j.w)[n * K + k];
+              break;
+            case WeightKind::kBF16:
+              w = bf16_to_f32(static_cast<const bf16*>(j.w)[n * K + k]);
+              break;
+            case WeightKind::kMxfp4:
+              w = mxfp4_get(static_cast<const uint8_t*>(j.w) + n * (K / 2),
+                            j.scale + n * (K / kMxfp4BlockSize), k);
+              break;
+          }
+          acc += xr[k] * w;
+        }
+        j.y[t * N + n] = acc;
+      }
+    }
+  }
 }
 
 const char* matmul_simd_target() {

@@ -1,5 +1,6 @@
 #include "model/blocks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,19 +14,24 @@
 namespace attnres {
 namespace {
 
+// Routed experts run over slices of at most this many tokens (scratch ~ slice * top_k rows).
+constexpr int64_t kMoeTokenSlice = 512;
+
 // y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
 void project(const float* x, int64_t T, const Matrix& W, bool bf16_out, float* y) {
   matmul(x, T, W, y);
   round_to_bf16(y, T * W.shape[0], bf16_out);
 }
 
-void project_expert(const float* x, int64_t T, const ExpertMatrix& m, bool bf16_out, float* y) {
-  if (m.mxfp4) {
-    mxfp4_matmul(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y);
-  } else {
-    matmul(x, T, m.dense, y);
-  }
-  round_to_bf16(y, T * m.rows, bf16_out);
+// Runs the jobs in one parallel region, then rounds each output like project().
+void project_batch(const MatmulJob* jobs, int64_t n, bool bf16_out) {
+  matmul_batch(jobs, n);
+  for (int64_t i = 0; i < n; ++i) round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, bf16_out);
+}
+
+MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
+  return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y)
+                 : dense_job(x, T, m.dense, y);
 }
 
 // A 1-D F32/BF16 tensor widened into arena memory.
@@ -64,12 +70,25 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;  // dv = head_dim too
   const int64_t P = H * dk;
   const int W = c.linear.short_conv_kernel_size;
-  float* q = arena.take<float>(T * P);       // [T, H, dk]
-  float* k = arena.take<float>(T * P);       // [T, H, dk]
-  float* v = arena.take<float>(T * H * dv);  // [T, H, dv]
-  project(x, T, w.q_proj, bf16, q);
-  project(x, T, w.k_proj, bf16, k);
-  project(x, T, w.v_proj, bf16, v);
+  float* q = arena.take<float>(T * P);          // [T, H, dk]
+  float* k = arena.take<float>(T * P);          // [T, H, dk]
+  float* v = arena.take<float>(T * H * dv);     // [T, H, dv]
+  float* fa = arena.take<float>(T * dk);        // [T, dk] f_a_proj x
+  float* beta = arena.take<float>(T * H);       // [T, H] b_proj x, then sigmoid
+  float* gate = arena.take<float>(T * H * dv);  // [T, H*dv] output gate (g_proj x)
+  float* ga = c.linear.use_full_rank_gate ? nullptr : arena.take<float>(T * dv);  // [T, dv]
+  {
+    // Every projection of x at once (one parallel region); each is rounded like a bf16
+    // nn.Linear output (beta too: b_proj's output is bf16, the sigmoid is f32).
+    MatmulJob jobs[6] = {dense_job(x, T, w.q_proj, q),
+                         dense_job(x, T, w.k_proj, k),
+                         dense_job(x, T, w.v_proj, v),
+                         dense_job(x, T, w.f_a_proj, fa),
+                         dense_job(x, T, w.b_proj, beta),
+                         c.linear.use_full_rank_gate ? dense_job(x, T, w.g_proj, gate)
+                                                     : dense_job(x, T, w.g_a_proj, ga)};
+    project_batch(jobs, 6, bf16);
+  }
   causal_conv1d_silu(q, T, P, widen(w.q_conv, arena), W, state.conv_q.data(), q);
   causal_conv1d_silu(k, T, P, widen(w.k_conv, arena), W, state.conv_k.data(), k);
   causal_conv1d_silu(v, T, H * dv, widen(w.v_conv, arena), W, state.conv_v.data(), v);
@@ -81,9 +100,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   l2_norm(k, T * H, dk, ModelConfig::kKdaL2NormEps, 1.0f, k);
 
   // Forget gate g [T, H, dk] (log decay, f32).
-  float* fa = arena.take<float>(T * dk);  // [T, dk]
-  float* g = arena.take<float>(T * P);    // [T, H*dk]
-  project(x, T, w.f_a_proj, bf16, fa);
+  float* g = arena.take<float>(T * P);  // [T, H*dk]
   project(fa, T, w.f_b_proj, bf16, g);
   const float* dt_bias = widen(w.dt_bias, arena);
   if (opt.mis.per_channel_a_log) {
@@ -102,9 +119,6 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   } else {
     kda_gate(g, T, H, dk, w.a_log.data(), dt_bias, c.linear.gate_lower_bound, g);
   }
-  float* beta = arena.take<float>(T * H);  // [T, H]
-  matmul(x, T, w.b_proj, beta);
-  round_to_bf16(beta, T * H, bf16);  // b_proj output is bf16; sigmoid in f32
   for (int64_t i = 0; i < T * H; ++i) beta[i] = sigmoidf(beta[i]);
 
   float* o = arena.take<float>(T * H * dv);  // [T, H, dv]
@@ -117,14 +131,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   }
   round_to_bf16(o, T * H * dv, bf16);
 
-  float* gate = arena.take<float>(T * H * dv);  // [T, H*dv]
-  if (c.linear.use_full_rank_gate) {
-    project(x, T, w.g_proj, bf16, gate);
-  } else {
-    float* ga = arena.take<float>(T * dv);
-    project(x, T, w.g_a_proj, bf16, ga);
-    project(ga, T, w.g_b_proj, bf16, gate);
-  }
+  if (!c.linear.use_full_rank_gate) project(ga, T, w.g_b_proj, bf16, gate);
   gated_rms_norm(o, gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, o);
   project(o, T, w.o_proj, bf16, out);
 }
@@ -142,21 +149,27 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
   const int64_t qw = md.nope + md.rope;
   const float eps = ModelConfig::kMlaLatentNormEps;
 
+  const bool gated = w.g_proj.data != nullptr;
+  const int64_t kvw = md.r + md.rope;
   float* q = arena.take<float>(T * md.H * qw);  // [T, H, nope + rope]
-  if (c.q_lora_rank > 0) {
-    float* cq = arena.take<float>(T * c.q_lora_rank);  // [T, r_q]
-    project(x, T, w.q_a_proj, bf16, cq);
+  float* cq = c.q_lora_rank > 0 ? arena.take<float>(T * c.q_lora_rank) : nullptr;  // [T, r_q]
+  float* kva = arena.take<float>(T * kvw);                                         // [T, r + rope]
+  float* gate = gated ? arena.take<float>(T * md.H * md.v) : nullptr;              // [T, H*v]
+  {
+    // The projections of x at once (one parallel region).
+    MatmulJob jobs[3] = {cq ? dense_job(x, T, w.q_a_proj, cq) : dense_job(x, T, w.q_proj, q),
+                         dense_job(x, T, w.kv_a_proj, kva)};
+    int n = 2;
+    if (gated) jobs[n++] = dense_job(x, T, w.g_proj, gate);
+    project_batch(jobs, n, bf16);
+  }
+  if (cq) {
     rms_norm(cq, T, c.q_lora_rank, w.q_a_norm, eps, bf16, cq);
     project(cq, T, w.q_b_proj, bf16, q);
-  } else {
-    project(x, T, w.q_proj, bf16, q);
   }
   // [c_kv | k_rot] per token, then c_kv normalised; the cache gets the normalised latents.
-  const int64_t kvw = md.r + md.rope;
-  float* kva = arena.take<float>(T * kvw);        // [T, r + rope]
   float* c_kv = arena.take<float>(T * md.r);      // [T, r]
   float* k_rot = arena.take<float>(T * md.rope);  // [T, rope]
-  project(x, T, w.kv_a_proj, bf16, kva);
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(c_kv + t * md.r, kva + t * kvw, sizeof(float) * static_cast<size_t>(md.r));
     std::memcpy(k_rot + t * md.rope, kva + t * kvw + md.r,
@@ -182,9 +195,7 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
     mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
   }
   round_to_bf16(o, T * md.H * md.v, bf16);
-  if (w.g_proj.data != nullptr) {
-    float* gate = arena.take<float>(T * md.H * md.v);  // [T, H*v]
-    project(x, T, w.g_proj, bf16, gate);
+  if (gated) {
     for (int64_t i = 0; i < T * md.H * md.v; ++i) o[i] *= sigmoidf(gate[i]);
     round_to_bf16(o, T * md.H * md.v, bf16);
   }
@@ -198,10 +209,28 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
   const int64_t I = c.moe_intermediate_size;
   const bool latent = c.routed_expert_hidden_size.has_value();
   const int64_t r = latent ? *c.routed_expert_hidden_size : d;
+  const bool shared = c.num_shared_experts > 0;
+  const int64_t Is = shared ? w.shared_gate.shape[0] : 0;
 
-  // Router: f32 logits over the full-width input (x.float() @ W_r.float()).
-  float* logits = arena.take<float>(T * E);  // [T, E]
-  matmul(x, T, w.gate, logits);
+  // Everything that reads x, in one batch: the router logits (f32 over the full-width input,
+  // x.float() @ W_r.float(), not rounded), the latent down projection and the shared MLP's
+  // gate and up projections (bf16 nn.Linear outputs).
+  float* logits = arena.take<float>(T * E);                  // [T, E]
+  float* zl = latent ? arena.take<float>(T * r) : nullptr;   // [T, r]
+  float* sg = shared ? arena.take<float>(T * Is) : nullptr;  // [T, Is]
+  float* su = shared ? arena.take<float>(T * Is) : nullptr;  // [T, Is]
+  {
+    MatmulJob jobs[4];
+    int n = 0;
+    jobs[n++] = dense_job(x, T, w.gate, logits);
+    if (latent) jobs[n++] = dense_job(x, T, w.latent_down, zl);
+    if (shared) {
+      jobs[n++] = dense_job(x, T, w.shared_gate, sg);
+      jobs[n++] = dense_job(x, T, w.shared_up, su);
+    }
+    matmul_batch(jobs, n);
+    for (int i = 1; i < n; ++i) round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, bf16);
+  }
   int32_t* ids = arena.take<int32_t>(T * K);  // [T, K]
   float* wts = arena.take<float>(T * K);      // [T, K]
   RouterOptions ro;
@@ -213,60 +242,79 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
   route_sigmoid_topk(logits, w.gate_bias.data ? widen(w.gate_bias, arena) : nullptr, T, E, ro, ids,
                      wts, router_scratch);
 
-  // Routed branch in the latent space.
-  const float* z = x;  // [T, r]
-  if (latent) {
-    float* zl = arena.take<float>(T * r);
-    project(x, T, w.latent_down, bf16, zl);
-    z = zl;
-  }
+  // Routed branch in the latent space, tokens in slices of at most kMoeTokenSlice (bounds the
+  // scratch; every token's arithmetic is the same whatever the slicing).
+  const float* z = latent ? zl : x;     // [T, r]
   float* y = arena.take<float>(T * r);  // [T, r] f32 accumulation of the weighted experts
   std::fill(y, y + T * r, 0.0f);
-  // Token lists per expert (counting sort), so each expert runs once over its tokens; experts
-  // are visited in index order, which fixes every token's summation order.
+  const int64_t S = std::min<int64_t>(T, kMoeTokenSlice);
   int64_t* count = arena.take<int64_t>(E + 1);
-  std::fill(count, count + E + 1, 0);
-  for (int64_t i = 0; i < T * K; ++i) ++count[ids[i] + 1];
-  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
   int64_t* fill = arena.take<int64_t>(E);
-  std::copy(count, count + E, fill);
-  int64_t* slot_of = arena.take<int64_t>(T * K);  // grouped position -> flat (t * K + s)
-  for (int64_t i = 0; i < T * K; ++i) slot_of[fill[ids[i]]++] = i;
-  const int64_t max_rows = T;                   // an expert is chosen at most once per token
-  float* zg = arena.take<float>(max_rows * r);  // [n, r] gathered inputs
-  float* h1 = arena.take<float>(max_rows * I);  // [n, I]
-  float* h3 = arena.take<float>(max_rows * I);  // [n, I]
-  float* eo = arena.take<float>(max_rows * r);  // [n, r]
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = count[e], n = count[e + 1] - begin;
-    if (n == 0) continue;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t t = slot_of[begin + j] / K;
-      std::memcpy(zg + j * r, z + t * r, sizeof(float) * static_cast<size_t>(r));
+  int64_t* slot_of = arena.take<int64_t>(S * K);  // grouped position -> flat (t * K + s)
+  float* zg = arena.take<float>(S * K * r);       // [S*K, r] gathered inputs, grouped by expert
+  float* h1 = arena.take<float>(S * K * I);       // [S*K, I]
+  float* h3 = arena.take<float>(S * K * I);       // [S*K, I]
+  float* eo = arena.take<float>(S * K * r);       // [S*K, r]
+  MatmulJob* jobs = arena.take<MatmulJob>(2 * std::min(E, S * K));
+  for (int64_t t0 = 0; t0 < T; t0 += S) {
+    const int64_t ts = std::min(S, T - t0), base = t0 * K;
+    // Token lists per expert (counting sort): each chosen expert runs once over its tokens.
+    std::fill(count, count + E + 1, 0);
+    for (int64_t i = 0; i < ts * K; ++i) ++count[ids[base + i] + 1];
+    for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
+    std::copy(count, count + E, fill);
+    for (int64_t i = 0; i < ts * K; ++i) slot_of[fill[ids[base + i]]++] = base + i;
+    for (int64_t g = 0; g < ts * K; ++g) {
+      const int64_t t = slot_of[g] / K;
+      std::memcpy(zg + g * r, z + t * r, sizeof(float) * static_cast<size_t>(r));
     }
-    const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
-    project_expert(zg, n, ew.w1, bf16, h1);
-    project_expert(zg, n, ew.w3, bf16, h3);
-    gated_activation(c, h1, h3, n * I, bf16, h1);
-    project_expert(h1, n, ew.w2, bf16, eo);
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t flat = slot_of[begin + j], t = flat / K;
+    // w1 and w3 of every chosen expert in one batch, then w2 of every chosen expert.
+    int64_t nj = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = count[e], n = count[e + 1] - begin;
+      if (n == 0) continue;
+      const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * I);
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * I);
+    }
+    project_batch(jobs, nj, bf16);
+    gated_activation(c, h1, h3, ts * K * I, bf16, h1);
+    nj = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = count[e], n = count[e + 1] - begin;
+      if (n == 0) continue;
+      jobs[nj++] =
+          expert_job(h1 + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * r);
+    }
+    project_batch(jobs, nj, bf16);
+    // Combine in expert index order (grouped order), which fixes every token's summation order.
+    for (int64_t g = 0; g < ts * K; ++g) {
+      const int64_t flat = slot_of[g], t = flat / K;
       const float wt = wts[flat];
-      for (int64_t i = 0; i < r; ++i) y[t * r + i] += wt * eo[j * r + i];
+      for (int64_t i = 0; i < r; ++i) y[t * r + i] += wt * eo[g * r + i];
     }
   }
   round_to_bf16(y, T * r, bf16);
 
-  float* routed = y;  // [T, d]
-  if (latent) {
-    if (w.latent_norm.data != nullptr) rms_norm(y, T, r, w.latent_norm, c.rms_norm_eps, bf16, y);
-    routed = arena.take<float>(T * d);
-    project(y, T, w.latent_up, bf16, routed);
+  // Back to the model width and the shared MLP's down projection, in one batch.
+  float* routed = y;                                        // [T, d]
+  float* sh = shared ? arena.take<float>(T * d) : nullptr;  // [T, d]
+  {
+    MatmulJob last[2];
+    int n = 0;
+    if (latent) {
+      if (w.latent_norm.data != nullptr) rms_norm(y, T, r, w.latent_norm, c.rms_norm_eps, bf16, y);
+      routed = arena.take<float>(T * d);
+      last[n++] = dense_job(y, T, w.latent_up, routed);
+    }
+    if (shared) {
+      gated_activation(c, sg, su, T * Is, bf16, sg);
+      last[n++] = dense_job(sg, T, w.shared_down, sh);
+    }
+    project_batch(last, n, bf16);
   }
-  if (c.num_shared_experts > 0) {
-    float* shared = arena.take<float>(T * d);  // [T, d]
-    gated_mlp(c, w.shared_gate, w.shared_up, w.shared_down, x, T, bf16, arena, shared);
-    for (int64_t i = 0; i < T * d; ++i) out[i] = routed[i] + shared[i];
+  if (shared) {
+    for (int64_t i = 0; i < T * d; ++i) out[i] = routed[i] + sh[i];
   } else {
     std::memcpy(out, routed, sizeof(float) * static_cast<size_t>(T * d));
   }

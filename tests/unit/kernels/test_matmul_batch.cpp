@@ -1,0 +1,190 @@
+// Batched projections (matmul_batch, matmul.h): several jobs in one parallel region must give,
+// for every job, exactly the bits the single-call kernels give (matmul / mxfp4_matmul), on every
+// Highway target this CPU supports and for 1, 2 and 3 OpenMP threads; the scalar twin must agree
+// with the single-call references; integer data (exact partial sums) must match it bitwise.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+
+namespace attnres {
+namespace {
+
+template <class Body>
+void for_each_target(const Body& body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TensorView view(DType dtype, int64_t N, int64_t K, const void* data) {
+  TensorView v;
+  v.name = "w";
+  v.dtype = dtype;
+  v.shape = {N, K};
+  v.data = static_cast<const std::byte*>(data);
+  v.nbytes = static_cast<size_t>(N * K) * dtype_size(dtype);
+  return v;
+}
+
+// A mixed batch: dense f32 and bf16, a row slice of a bf16 matrix, MXFP4 experts of different
+// token counts (one with T = 0), sizes off the vector width and the register tiles. Large enough
+// in total (> 2^18 multiply-adds) to run in parallel.
+struct Batch {
+  std::vector<float> x1, x2, x3, x4, w32;
+  std::vector<bf16> w16;
+  std::vector<uint8_t> packed, scale;  // two MXFP4 matrices [N, K/2], [N, K/32] back to back
+  TensorView v32, v16;
+  static constexpr int64_t T1 = 5, K1 = 97, N32 = 61, N16 = 203;
+  static constexpr int64_t Tq = 3, Nq = 45, Kq = 320;
+  static constexpr int64_t Tq2 = 1;
+  static constexpr int64_t row0 = 37, rows = 100;
+
+  explicit Batch(bool integers, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> small(-3, 3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto val = [&] { return integers ? static_cast<float>(small(rng)) : nd(rng); };
+    x1.resize(T1 * K1);
+    for (float& v : x1) v = val();
+    x2.resize(T1 * K1);
+    for (float& v : x2) v = val();
+    x3.resize(Tq * Kq);
+    for (float& v : x3) v = val();
+    x4.resize(Tq2 * Kq);
+    for (float& v : x4) v = val();
+    w32.resize(N32 * K1);
+    for (float& v : w32) v = val();
+    w16.resize(N16 * K1);
+    for (bf16& v : w16) v = f32_to_bf16(val());
+    std::uniform_int_distribution<int> byte(0, 255);
+    // Scales 2^-2..2^3 keep integer data's partial sums exact.
+    std::uniform_int_distribution<int> sc(integers ? 125 : 110, integers ? 130 : 140);
+    packed.resize(2 * Nq * Kq / 2);
+    for (uint8_t& b : packed) b = static_cast<uint8_t>(byte(rng));
+    scale.resize(2 * Nq * Kq / kMxfp4BlockSize);
+    for (uint8_t& s : scale) s = static_cast<uint8_t>(sc(rng));
+    v32 = view(DType::kF32, N32, K1, w32.data());
+    v16 = view(DType::kBF16, N16, K1, w16.data());
+  }
+  const uint8_t* packed_b(int i) const { return packed.data() + i * Nq * Kq / 2; }
+  const uint8_t* scale_b(int i) const { return scale.data() + i * Nq * Kq / kMxfp4BlockSize; }
+
+  // Outputs: one vector per job.
+  std::vector<std::vector<float>> outputs() const {
+    return {std::vector<float>(T1 * N32, -1.0f),  std::vector<float>(T1 * N16, -1.0f),
+            std::vector<float>(T1 * rows, -1.0f), std::vector<float>(Tq * Nq, -1.0f),
+            std::vector<float>(1, -7.0f),         std::vector<float>(Tq2 * Nq, -1.0f)};
+  }
+  std::vector<MatmulJob> jobs(std::vector<std::vector<float>>& y) const {
+    return {dense_job(x1.data(), T1, v32, y[0].data()),
+            dense_job(x2.data(), T1, v16, y[1].data()),
+            dense_rows_job(x1.data(), T1, v16, row0, rows, y[2].data()),
+            mxfp4_job(x3.data(), Tq, packed_b(0), scale_b(0), Nq, Kq, y[3].data()),
+            mxfp4_job(x3.data(), 0, packed_b(1), scale_b(1), Nq, Kq, y[4].data()),
+            mxfp4_job(x4.data(), Tq2, packed_b(1), scale_b(1), Nq, Kq, y[5].data())};
+  }
+  // The same products through the single-call kernels (fast or reference).
+  std::vector<std::vector<float>> single(bool ref) const {
+    auto y = outputs();
+    auto mm = ref ? matmul_ref : matmul;
+    auto mq = ref ? mxfp4_matmul_ref : mxfp4_matmul;
+    mm(x1.data(), T1, v32, y[0].data());
+    mm(x2.data(), T1, v16, y[1].data());
+    std::vector<float> full(T1 * N16);
+    mm(x1.data(), T1, v16, full.data());
+    for (int64_t t = 0; t < T1; ++t)
+      std::memcpy(y[2].data() + t * rows, full.data() + t * N16 + row0, rows * sizeof(float));
+    mq(x3.data(), Tq, packed_b(0), scale_b(0), Nq, Kq, y[3].data());
+    mq(x4.data(), Tq2, packed_b(1), scale_b(1), Nq, Kq, y[5].data());
+    return y;
+  }
+};
+
+void expect_bitwise(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t j = 0; j < a.size(); ++j) {
+    ASSERT_EQ(a[j].size(), b[j].size());
+    EXPECT_EQ(0, std::memcmp(a[j].data(), b[j].data(), a[j].size() * sizeof(float)))
+        << what << ": job " << j;
+  }
+}
+
+TEST(MatmulBatch, EqualsSingleCallsBitwiseForAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  const Batch b(/*integers=*/false, 3);
+  for_each_target([&] {
+    const auto expected = b.single(/*ref=*/false);
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      auto y = b.outputs();
+      const auto jobs = b.jobs(y);
+      matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
+      expect_bitwise(y, expected, std::to_string(threads) + " threads");
+      EXPECT_EQ(y[4][0], -7.0f) << "a T = 0 job must not write";
+    }
+  });
+  omp_set_num_threads(saved);
+}
+
+TEST(MatmulBatch, ReferenceEqualsSingleReferences) {
+  const Batch b(/*integers=*/false, 4);
+  auto y = b.outputs();
+  const auto jobs = b.jobs(y);
+  matmul_batch_ref(jobs.data(), static_cast<int64_t>(jobs.size()));
+  expect_bitwise(y, b.single(/*ref=*/true), "reference");
+}
+
+TEST(MatmulBatch, ExactOnIntegerData) {
+  const Batch b(/*integers=*/true, 5);
+  auto ref = b.outputs();
+  const auto ref_jobs = b.jobs(ref);
+  matmul_batch_ref(ref_jobs.data(), static_cast<int64_t>(ref_jobs.size()));
+  for_each_target([&] {
+    auto y = b.outputs();
+    const auto jobs = b.jobs(y);
+    matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
+    expect_bitwise(y, ref, "fast vs reference");
+  });
+}
+
+// Many tiny jobs (each far below the serial cutoff, together above it) still cover every row.
+TEST(MatmulBatch, ManySmallJobs) {
+  const int saved = omp_get_max_threads();
+  constexpr int64_t kJobs = 40, N = 7, K = 1000;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(K), w(kJobs * N * K);
+  for (float& v : x) v = nd(rng);
+  for (float& v : w) v = nd(rng);
+  std::vector<TensorView> views;
+  for (int64_t j = 0; j < kJobs; ++j)
+    views.push_back(view(DType::kF32, N, K, w.data() + j * N * K));
+  std::vector<float> expected(kJobs * N);
+  for (int64_t j = 0; j < kJobs; ++j) matmul(x.data(), 1, views[j], expected.data() + j * N);
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> y(kJobs * N, -1.0f);
+    std::vector<MatmulJob> jobs;
+    for (int64_t j = 0; j < kJobs; ++j)
+      jobs.push_back(dense_job(x.data(), 1, views[j], y.data() + j * N));
+    matmul_batch(jobs.data(), kJobs);
+    EXPECT_EQ(0, std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)))
+        << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace attnres
