@@ -1,6 +1,7 @@
 #include "kernels/kda.h"
 #include "kernels/parallel.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -8,6 +9,16 @@
 #include "kernels/activation.h"
 
 namespace attnres {
+namespace {
+
+// y[0..n) += a * x[0..n): each y[j] gets one more term of its own sum, so a loop of axpys over
+// rows accumulates every output in the same order as the element-wise dot product it replaces
+// (bitwise equal), while the inner loop is contiguous and vectorises.
+inline void axpy(float a, const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
+}
+
+}  // namespace
 
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                         float* state, float* y) {
@@ -69,19 +80,17 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
         const float a = std::exp(gt[i]);
         for (int64_t j = 0; j < dv; ++j) S[i * dv + j] *= a;
       }
-      // ot temporarily holds the delta (v - S^T k) * beta; o never aliases the inputs.
-      for (int64_t j = 0; j < dv; ++j) {
-        float kv = 0.0f;
-        for (int64_t i = 0; i < dk; ++i) kv += kt[i] * S[i * dv + j];
-        ot[j] = (vt[j] - kv) * bt;
-      }
-      for (int64_t i = 0; i < dk; ++i)
-        for (int64_t j = 0; j < dv; ++j) S[i * dv + j] += kt[i] * ot[j];
-      for (int64_t j = 0; j < dv; ++j) {
-        float acc = 0.0f;
-        for (int64_t i = 0; i < dk; ++i) acc += qt[i] * S[i * dv + j];
-        ot[j] = acc;
-      }
+      // ot temporarily holds S^T k, then the delta (v - S^T k) * beta; o never aliases the
+      // inputs. The sums over i run row by row (i outer, j inner: contiguous, vectorisable);
+      // every ot[j] still accumulates its terms in increasing i from 0.
+      for (int64_t j = 0; j < dv; ++j) ot[j] = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) axpy(kt[i], S + i * dv, ot, dv);
+      for (int64_t j = 0; j < dv; ++j) ot[j] = (vt[j] - ot[j]) * bt;
+      for (int64_t i = 0; i < dk; ++i) axpy(kt[i], ot, S + i * dv, dv);
+      // ot is consumed by the update above; now o_t = S^T q (same order as above).
+      float* acc = ot;
+      for (int64_t j = 0; j < dv; ++j) acc[j] = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) axpy(qt[i], S + i * dv, acc, dv);
     }
   }
 }
@@ -102,10 +111,10 @@ int64_t sub_blocks(int64_t C) {
 
 int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
   // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C], q decayed row [dk],
-  // kd, qd [C, dk] (rows decayed to their sub-block start), ku [nb, C, dk] (keys grown from
-  // each sub-block start), factored [nb]
+  // kd, qd [C, dk] (rows decayed to their sub-block start), kuT [nb, dk, C] (keys grown from
+  // each sub-block start, transposed), factored [nb], acc row [max(dv, C)]
   return C * dk + C * C + C * dk + C * dv + C + dk + 2 * C * dk + sub_blocks(C) * C * dk +
-         sub_blocks(C);
+         sub_blocks(C) + std::max(dv, C);
 }
 
 }  // namespace
@@ -129,8 +138,9 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
     float* qg = aqk + C;                                    // [dk] q_c * exp(gc_c)
     float* kd = qg + dk;                                    // [C, dk] k_c exp(gc_c - gc_s(c))
     float* qd = kd + C * dk;                                // [C, dk] q_c exp(gc_c - gc_s(c))
-    float* ku = qd + C * dk;                                // [NB, C, dk] k_i exp(gc_s_b - gc_i)
-    float* factored = ku + NB * C * dk;                     // [NB] 1 = factored form usable
+    float* kuT = qd + C * dk;             // [NB, dk, C] k_i[d] exp(gc_s_b[d] - gc_i[d])
+    float* factored = kuT + NB * C * dk;  // [NB] 1 = factored form usable
+    float* accr = factored + NB;          // [max(dv, C)] one row of partial sums
     auto row = [H, h](int64_t t, int64_t width) { return (t * H + h) * width; };
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t L = std::min(C, T - t0);
@@ -154,34 +164,41 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
             qd[c * dk + d] = qc[d] * e;
           }
         }
+        float* kub = kuT + b * dk * C;  // [dk, C]
         for (int64_t i = 0; i < s1; ++i) {
           const float* ki = k + row(t0 + i, dk);
-          float* kui = ku + (b * C + i) * dk;
           for (int64_t d = 0; d < dk; ++d)
-            kui[d] = ki[d] * std::exp(gc[s0 * dk + d] - gc[i * dk + d]);
+            kub[d * C + i] = ki[d] * std::exp(gc[s0 * dk + d] - gc[i * dk + d]);
         }
       }
-      // x_c . diag(exp(gc_c - gc_i)) k_i for x = k (A) or q (Aqk), i <= c.
-      auto decayed_dot = [&](const float* x, const float* xd, int64_t c, int64_t i) {
+      // out[i] = x_c . diag(exp(gc_c - gc_i)) k_i for i < n (n <= c + 1), x = k (A) or q (Aqk).
+      // Factored sub-blocks: sum over d of xd_c[d] * kuT[d][i], d outer so that the inner loop
+      // over i is contiguous; each out[i] still sums its terms in increasing d.
+      auto decayed_dots = [&](const float* x, const float* xd, int64_t c, int64_t n, float* out) {
         const int64_t b = c / kSubBlock;
-        float acc = 0.0f;
         if (factored[b] != 0.0f) {
           const float* xr = xd + c * dk;
-          const float* kr = ku + (b * C + i) * dk;
-          for (int64_t d = 0; d < dk; ++d) acc += xr[d] * kr[d];
+          const float* kub = kuT + b * dk * C;
+          for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
+          for (int64_t d = 0; d < dk; ++d) axpy(xr[d], kub + d * C, out, n);
         } else {
-          const float* ki = k + row(t0 + i, dk);
-          for (int64_t d = 0; d < dk; ++d)
-            acc += x[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
+          for (int64_t i = 0; i < n; ++i) {
+            const float* ki = k + row(t0 + i, dk);
+            float acc = 0.0f;
+            for (int64_t d = 0; d < dk; ++d)
+              acc += x[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
+            out[i] = acc;
+          }
         }
-        return acc;
       };
       // A[c][i] (i < c) = -beta_c * sum_d k_c[d] exp(gc_c[d] - gc_i[d]) k_i[d]
       for (int64_t c = 0; c < L; ++c) {
         const float* kc = k + row(t0 + c, dk);
         const float bc = beta[(t0 + c) * H + h];
-        for (int64_t i = 0; i < L; ++i)
-          A[c * C + i] = i < c ? -decayed_dot(kc, kd, c, i) * bc : 0.0f;
+        float* Ac = A + c * C;
+        decayed_dots(kc, kd, c, c, Ac);
+        for (int64_t i = 0; i < c; ++i) Ac[i] = -Ac[i] * bc;
+        for (int64_t i = c; i < L; ++i) Ac[i] = 0.0f;
       }
       // Forward substitution: rows become those of (I - A_strict)^-1 - I.
       for (int64_t c = 1; c < L; ++c) {
@@ -208,26 +225,21 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
           for (int64_t j = 0; j < dv; ++j) u[c * dv + j] += tci * vi[j];
         }
       }
-      // v_new = u - w S  (stored in u)
+      // v_new = u - w S  (stored in u); the sum over d runs row by row (axpy, see above).
       for (int64_t c = 0; c < L; ++c) {
-        for (int64_t j = 0; j < dv; ++j) {
-          float acc = 0.0f;
-          for (int64_t d = 0; d < dk; ++d) acc += w[c * dk + d] * S[d * dv + j];
-          u[c * dv + j] -= acc;
-        }
+        for (int64_t j = 0; j < dv; ++j) accr[j] = 0.0f;
+        for (int64_t d = 0; d < dk; ++d) axpy(w[c * dk + d], S + d * dv, accr, dv);
+        for (int64_t j = 0; j < dv; ++j) u[c * dv + j] -= accr[j];
       }
-      // o_c = (q_c * exp(gc_c)) S + sum_{j<=c} Aqk[c][j] v_new_j
+      // o_c = (q_c * exp(gc_c)) S + sum_{j<=c} Aqk[c][j] v_new_j (terms in that order)
       for (int64_t c = 0; c < L; ++c) {
         const float* qc = q + row(t0 + c, dk);
-        for (int64_t j = 0; j <= c; ++j) aqk[j] = decayed_dot(qc, qd, c, j);
+        decayed_dots(qc, qd, c, c + 1, aqk);
         for (int64_t d = 0; d < dk; ++d) qg[d] = qc[d] * std::exp(gc[c * dk + d]);
         float* oc = o + row(t0 + c, dv);
-        for (int64_t e = 0; e < dv; ++e) {
-          float acc = 0.0f;
-          for (int64_t d = 0; d < dk; ++d) acc += qg[d] * S[d * dv + e];
-          for (int64_t j = 0; j <= c; ++j) acc += aqk[j] * u[j * dv + e];
-          oc[e] = acc;
-        }
+        for (int64_t e = 0; e < dv; ++e) oc[e] = 0.0f;
+        for (int64_t d = 0; d < dk; ++d) axpy(qg[d], S + d * dv, oc, dv);
+        for (int64_t j = 0; j <= c; ++j) axpy(aqk[j], u + j * dv, oc, dv);
       }
       // S = diag(exp(gc_last)) S + sum_c (exp(gc_last - gc_c) * k_c) v_new_c^T; the decayed
       // keys go into w (w is dead once v_new is formed).
@@ -238,11 +250,9 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
           kdec[c * dk + d] = std::exp(gl[d] - gc[c * dk + d]) * k[row(t0 + c, dk) + d];
       for (int64_t d = 0; d < dk; ++d) {
         const float decay = std::exp(gl[d]);
-        for (int64_t e = 0; e < dv; ++e) {
-          float acc = S[d * dv + e] * decay;
-          for (int64_t c = 0; c < L; ++c) acc += kdec[c * dk + d] * u[c * dv + e];
-          S[d * dv + e] = acc;
-        }
+        float* Sd = S + d * dv;
+        for (int64_t e = 0; e < dv; ++e) Sd[e] *= decay;
+        for (int64_t c = 0; c < L; ++c) axpy(kdec[c * dk + d], u + c * dv, Sd, dv);
       }
     }
   }

@@ -3,13 +3,13 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
+
+#include "kernels/matmul.h"
+#include "util/numeric.h"
 
 namespace attnres {
 namespace {
-
-float weight_at(const TensorView& w, int64_t i) {
-  return w.dtype == DType::kBF16 ? bf16_to_f32(w.as<bf16>()[i]) : w.as<float>()[i];
-}
 
 // p[0..n) = softmax(s[0..n)) in place (f32, max-subtracted).
 void softmax_inplace(float* s, int64_t n) {
@@ -22,6 +22,32 @@ void softmax_inplace(float* s, int64_t n) {
   }
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// y[0..n) += a * w[0..n) with w widened exactly; contiguous, so the loop vectorises.
+template <typename W>
+void axpy_w(float a, const W* __restrict w, float* __restrict y, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) {
+    if constexpr (std::is_same_v<W, bf16>) {
+      y[c] += a * bf16_to_f32(w[c]);
+    } else {
+      y[c] += a * w[c];
+    }
+  }
+}
+
+// sum_i a[i] b[i] in 8 interleaved partial sums (lane l takes i = l, l + 8, ...), added
+// pairwise at the end: a fixed order that the compiler can keep in vector registers.
+float dot_lanes(const float* __restrict a, const float* __restrict b, int64_t n) {
+  constexpr int kL = 8;
+  float acc[kL] = {};
+  int64_t i = 0;
+  for (; i + kL <= n; i += kL)
+    for (int l = 0; l < kL; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int w = kL / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
 }
 
 }  // namespace
@@ -42,66 +68,87 @@ void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const floa
       for (int64_t j = 0; j < n_ctx; ++j) {
         const float* kj = kv + (j * d.H + h) * kvw;
         const float* kr = k_rot + j * d.rope;
-        float acc = 0.0f;
-        for (int64_t i = 0; i < d.nope; ++i) acc += qt[i] * kj[i];
-        for (int64_t i = 0; i < d.rope; ++i) acc += qt[d.nope + i] * kr[i];
-        s[j] = acc * d.scale;
+        s[j] = (dot_lanes(qt, kj, d.nope) + dot_lanes(qt + d.nope, kr, d.rope)) * d.scale;
       }
       softmax_inplace(s, n_ctx);
+      // o = sum_j p_j v_j, row by row (each ot[e] sums its terms in increasing j).
       float* ot = o + (t * d.H + h) * d.v;
-      for (int64_t e = 0; e < d.v; ++e) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < n_ctx; ++j) acc += s[j] * kv[(j * d.H + h) * kvw + d.nope + e];
-        ot[e] = acc;
-      }
+      for (int64_t e = 0; e < d.v; ++e) ot[e] = 0.0f;
+      for (int64_t j = 0; j < n_ctx; ++j) axpy_w(s[j], kv + (j * d.H + h) * kvw + d.nope, ot, d.v);
     }
   }
 }
 
 int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T) {
-  return T * (N + 2 * d.r);  // per token: scores [N], q_lat [r], o_lat [r]
+  (void)T;  // one token at a time: the scratch is reused
+  // jobs [H + 2] MatmulJob, q_lat [H, r], q_rot [H, rope], scores [H, N] and [H, N], o_lat [H, r]
+  const int64_t job_floats =
+      (d.H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
+  return job_floats + d.H * (2 * d.r + d.rope + 2 * N);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch) {
-  const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v;
-#pragma omp parallel for schedule(static) if (T * N * d.H * d.r > kParallelMinWork)
+  const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
+  const int64_t job_floats =
+      (H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
+  auto* jobs = reinterpret_cast<MatmulJob*>(scratch);  // [H + 2]
+  float* q_lat = scratch + job_floats;                 // [H, r]
+  float* q_rot = q_lat + H * r;                        // [H, rope]
+  float* s_lat = q_rot + H * d.rope;                   // [H, N] latent part of the scores
+  float* s_rot = s_lat + H * N;                        // [H, N] rope part of the scores
+  float* o_lat = s_rot + H * N;                        // [H, r]
+  const bool wbf16 = kv_b_proj.dtype == DType::kBF16;
   for (int64_t t = 0; t < T; ++t) {
-    float* s = scratch + t * (N + 2 * d.r);  // [N]
-    float* q_lat = s + N;                    // [r]
-    float* o_lat = q_lat + d.r;              // [r]
     const int64_t n_ctx = P + t + 1;
-    for (int64_t h = 0; h < d.H; ++h) {
-      const float* qt = q + (t * d.H + h) * qw;
-      // q_lat[c] = sum_i q_nope[i] * W_UK[h][i][c]   (row h*kvw + i of kv_b_proj)
-      for (int64_t c = 0; c < d.r; ++c) q_lat[c] = 0.0f;
+    // q_lat[h] = W_UK[h]^T q_nope[h] (rows h*kvw + i of kv_b_proj, summed in increasing i).
+#pragma omp parallel for schedule(static) if (H * d.nope * r > kParallelMinWork)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qt = q + (t * H + h) * qw;
+      float* ql = q_lat + h * r;
+      for (int64_t c = 0; c < r; ++c) ql[c] = 0.0f;
       for (int64_t i = 0; i < d.nope; ++i) {
-        const int64_t wrow = (h * kvw + i) * d.r;
-        for (int64_t c = 0; c < d.r; ++c) q_lat[c] += qt[i] * weight_at(kv_b_proj, wrow + c);
+        const int64_t wrow = (h * kvw + i) * r;
+        if (wbf16)
+          axpy_w(qt[i], kv_b_proj.as<bf16>() + wrow, ql, r);
+        else
+          axpy_w(qt[i], kv_b_proj.as<float>() + wrow, ql, r);
       }
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        const float* cj = c_kv + j * d.r;
-        const float* kr = k_rot + j * d.rope;
-        float acc = 0.0f;
-        for (int64_t c = 0; c < d.r; ++c) acc += q_lat[c] * cj[c];
-        for (int64_t i = 0; i < d.rope; ++i) acc += qt[d.nope + i] * kr[i];
-        s[j] = acc * d.scale;
-      }
-      softmax_inplace(s, n_ctx);
-      for (int64_t c = 0; c < d.r; ++c) o_lat[c] = 0.0f;
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        const float* cj = c_kv + j * d.r;
-        for (int64_t c = 0; c < d.r; ++c) o_lat[c] += s[j] * cj[c];
-      }
-      float* ot = o + (t * d.H + h) * d.v;
-      for (int64_t e = 0; e < d.v; ++e) {
-        const int64_t wrow = (h * kvw + d.nope + e) * d.r;
-        float acc = 0.0f;
-        for (int64_t c = 0; c < d.r; ++c) acc += weight_at(kv_b_proj, wrow + c) * o_lat[c];
-        ot[e] = acc;
-      }
+      for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
     }
+    // Scores of every head against the context: [H, r] x c_kv[n_ctx, r]^T and
+    // [H, rope] x k_rot[n_ctx, rope]^T, one batch (c_kv / k_rot rows act as weight rows).
+    auto ctx_job = [&](const float* x, const float* ctx, int64_t K, float* y) {
+      MatmulJob j;
+      j.x = x;
+      j.T = H;
+      j.kind = WeightKind::kF32;
+      j.w = ctx;
+      j.N = n_ctx;
+      j.K = K;
+      j.y = y;
+      return j;
+    };
+    jobs[0] = ctx_job(q_lat, c_kv, r, s_lat);
+    jobs[1] = ctx_job(q_rot, k_rot, d.rope, s_rot);
+    matmul_batch(jobs, d.rope > 0 ? 2 : 1);
+    // Softmax and o_lat[h] = sum_j p_j c_kv_j (in increasing j), one head per thread.
+#pragma omp parallel for schedule(static) if (H * n_ctx * r > kParallelMinWork)
+    for (int64_t h = 0; h < H; ++h) {
+      float* s = s_lat + h * n_ctx;  // the [H, n_ctx] rows of the batch output
+      const float* sr = s_rot + h * n_ctx;
+      for (int64_t j = 0; j < n_ctx; ++j) s[j] = (s[j] + (d.rope > 0 ? sr[j] : 0.0f)) * d.scale;
+      softmax_inplace(s, n_ctx);
+      float* ol = o_lat + h * r;
+      for (int64_t c = 0; c < r; ++c) ol[c] = 0.0f;
+      for (int64_t j = 0; j < n_ctx; ++j) axpy_w(s[j], c_kv + j * r, ol, r);
+    }
+    // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
+    for (int64_t h = 0; h < H; ++h)
+      jobs[h] =
+          dense_rows_job(o_lat + h * r, 1, kv_b_proj, h * kvw + d.nope, d.v, o + (t * H + h) * d.v);
+    matmul_batch(jobs, H);
   }
 }
 
