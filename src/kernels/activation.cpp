@@ -5,9 +5,8 @@
 
 namespace attnres {
 
-void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
-          bool bf16_out, float* out) {
-#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
+void situ_ref(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              bool bf16_out, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = situf(gate[i], up[i], beta, linear_beta);
     out[i] = bf16_out ? round_bf16(v) : v;

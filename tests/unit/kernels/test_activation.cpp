@@ -1,0 +1,114 @@
+// Dispatched SiTU (activation_hwy.cpp) against its scalar twin situ_ref() (libm), on every
+// Highway target this CPU supports: within a few ulp per factor over a wide range of inputs
+// (including saturated tanh and sigmoid), lengths off the vector width, in place, bf16 output;
+// and position/thread-count independence (an element's value depends only on its inputs).
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "util/numeric.h"
+
+namespace attnres {
+namespace {
+
+template <class Body>
+void for_each_target(const Body& body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+constexpr float kBeta = 4.0f, kLinearBeta = 25.0f;
+
+void random_inputs(int64_t n, uint32_t seed, std::vector<float>& g, std::vector<float>& u) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_real_distribution<float> wide(-120.0f, 120.0f);
+  g.resize(static_cast<size_t>(n));
+  u.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    g[static_cast<size_t>(i)] = i % 5 == 0 ? wide(rng) : nd(rng);
+    u[static_cast<size_t>(i)] = i % 7 == 0 ? wide(rng) : nd(rng) * 10.0f;
+  }
+}
+
+// Each of the three factors is within ~4 ulp (Highway Tanh) or ~2 ulp (1 / (1 + Exp)), so the
+// product is within ~16 ulp relative; plus an absolute floor for results near zero, where
+// tanh's relative error is largest.
+void expect_close(const std::vector<float>& y, const std::vector<float>& ref) {
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float tol = 16.0f * std::ldexp(1.0f, -23) * std::fabs(ref[i]) + 1e-30f;
+    ASSERT_LE(std::fabs(y[i] - ref[i]), tol) << "i=" << i << " y=" << y[i] << " ref=" << ref[i];
+  }
+}
+
+TEST(Situ, MatchesScalarTwinOnEveryTarget) {
+  for_each_target([] {
+    for (int64_t n : {1, 3, 8, 15, 16, 17, 33, 1000, 4097}) {
+      std::vector<float> g, u;
+      random_inputs(n, static_cast<uint32_t>(n), g, u);
+      std::vector<float> y(g.size()), ref(g.size());
+      situ(g.data(), u.data(), n, kBeta, kLinearBeta, false, y.data());
+      situ_ref(g.data(), u.data(), n, kBeta, kLinearBeta, false, ref.data());
+      expect_close(y, ref);
+      // In place over the gate, and bf16 output: the same values, then rounded.
+      std::vector<float> inplace = g, yb(g.size());
+      situ(inplace.data(), u.data(), n, kBeta, kLinearBeta, false, inplace.data());
+      EXPECT_EQ(0, std::memcmp(inplace.data(), y.data(), y.size() * sizeof(float)));
+      situ(g.data(), u.data(), n, kBeta, kLinearBeta, true, yb.data());
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(yb[i], round_bf16(y[i]));
+    }
+  });
+}
+
+TEST(Situ, SaturatedAndSpecialInputs) {
+  const std::vector<float> g = {0.0f, -0.0f, 200.0f, -200.0f, 1e-30f, 90.0f, -90.0f, 3.0f};
+  const std::vector<float> u = {5.0f, 5.0f, 1e4f, -1e4f, 1.0f, -0.5f, 2.0f, 0.0f};
+  const int64_t n = static_cast<int64_t>(g.size());
+  for_each_target([&] {
+    std::vector<float> y(g.size()), ref(g.size());
+    situ(g.data(), u.data(), n, kBeta, kLinearBeta, false, y.data());
+    situ_ref(g.data(), u.data(), n, kBeta, kLinearBeta, false, ref.data());
+    for (float v : y) EXPECT_TRUE(std::isfinite(v));
+    expect_close(y, ref);
+    EXPECT_EQ(y[0], 0.0f);
+    EXPECT_EQ(y[7], 0.0f);
+  });
+}
+
+// An element's value depends only on its inputs: the same pairs at other offsets, inside
+// longer arrays (other vector lanes, other blocks) and with 1, 2 or 3 threads give the same bits.
+TEST(Situ, PositionAndThreadCountInvariant) {
+  const int saved = omp_get_max_threads();
+  std::vector<float> g, u;
+  random_inputs(70001, 9, g, u);  // above the parallel cutoff, not a multiple of any width
+  std::vector<float> base(g.size());
+  omp_set_num_threads(1);
+  situ(g.data(), u.data(), static_cast<int64_t>(g.size()), kBeta, kLinearBeta, false, base.data());
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> y(g.size());
+    situ(g.data(), u.data(), static_cast<int64_t>(g.size()), kBeta, kLinearBeta, false, y.data());
+    EXPECT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float))) << threads;
+  }
+  omp_set_num_threads(saved);
+  for (int64_t off : {1, 5, 13}) {
+    const int64_t n = 37;
+    std::vector<float> y(static_cast<size_t>(n));
+    situ(g.data() + off, u.data() + off, n, kBeta, kLinearBeta, false, y.data());
+    EXPECT_EQ(0, std::memcmp(y.data(), base.data() + off, y.size() * sizeof(float))) << off;
+  }
+}
+
+}  // namespace
+}  // namespace attnres
