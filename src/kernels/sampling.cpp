@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "util/random.h"
+
 namespace attnres {
 namespace {
 
@@ -55,13 +57,8 @@ Status validate_sampling_params(const SamplingParams& p) {
 }
 
 void SamplingRng::reseed(uint64_t seed) {
-  for (uint64_t& s : s_) {  // splitmix64
-    seed += 0x9e3779b97f4a7c15ULL;
-    uint64_t z = seed;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    s = z ^ (z >> 31);
-  }
+  SplitMix64 mix{seed};
+  for (uint64_t& s : s_) s = mix.next();
 }
 
 uint64_t SamplingRng::next_u64() {  // xoshiro256**

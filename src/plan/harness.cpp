@@ -9,23 +9,12 @@
 #include "kernels/attnres.h"
 #include "plan/harness.h"
 #include "plan/standin.h"
+#include "util/random.h"
 
 namespace attnres {
 namespace {
 
-// splitmix64: a fixed, platform-independent stream.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform(float lo, float hi) {  // [lo, hi)
-    return lo + (hi - lo) * static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
-  }
-};
+using Rng = SplitMix64;
 
 uint64_t mix(uint64_t x) {
   Rng r{x};

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "util/numeric.h"
+#include "util/random.h"
 
 namespace attnres {
 namespace {
@@ -111,20 +112,6 @@ json k3_text_config(int layers, int hidden, int vocab, int block, int kda_heads,
   return tc;
 }
 
-// splitmix64: a small, fast, well-mixed generator; seeded per (tensor, chunk) so the fill is
-// the same whatever the thread count.
-struct SplitMix {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
-};
-
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
@@ -152,6 +139,7 @@ bool is_gain(const std::string& canon) {
 // Fills `out` (numel elements of `dtype`) for the tensor `canon` of `shape`.
 void fill_tensor(const std::string& canon, DType dtype, const std::vector<int64_t>& shape,
                  int64_t numel, uint64_t seed, std::byte* out) {
+  // Seeded per (tensor, chunk) so the fill is the same whatever the thread count.
   constexpr int64_t kChunk = 1 << 16;
   const uint64_t base = fnv1a(canon) ^ (seed * 0x9e3779b97f4a7c15ull);
   const int64_t fan_in = shape.size() >= 2 ? shape[1] : 1;
@@ -187,7 +175,7 @@ void fill_tensor(const std::string& canon, DType dtype, const std::vector<int64_
   const int64_t chunks = (numel + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
-    SplitMix rng{base + static_cast<uint64_t>(c) * 0xd1b54a32d192ed03ull};
+    SplitMix64 rng{base + static_cast<uint64_t>(c) * 0xd1b54a32d192ed03ull};
     const int64_t end = std::min(numel, (c + 1) * kChunk);
     for (int64_t i = c * kChunk; i < end; ++i) {
       if (packed) {
@@ -198,8 +186,8 @@ void fill_tensor(const std::string& canon, DType dtype, const std::vector<int64_
         out[i] = static_cast<std::byte>(e8m0_base + static_cast<int>(rng.next() & 1));
         continue;
       }
-      float v = exp_of_uniform ? std::log(1.0f + 7.5f * (rng.uniform() + 1.0f))
-                               : offset + scale * rng.uniform();
+      float v = exp_of_uniform ? std::log(1.0f + 7.5f * (rng.uniform(-1.0f, 1.0f) + 1.0f))
+                               : offset + scale * rng.uniform(-1.0f, 1.0f);
       if (dtype == DType::kF32) {
         std::memcpy(out + i * 4, &v, 4);
       } else {
