@@ -40,6 +40,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cassert>
 #include <cstdint>
@@ -565,10 +566,34 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// Runs the work units whose cumulative cost starts in [lo, hi) (see MatmulBatch).
+void RunCostRange(const MatmulJob* jobs, int64_t n_jobs, int64_t lo, int64_t hi) {
+  int64_t prefix = 0;  // cost of the jobs before job i
+  for (int64_t i = 0; i < n_jobs && prefix < hi; ++i) {
+    const MatmulJob& j = jobs[i];
+    if (j.T <= 0 || j.N <= 0) continue;
+    const int64_t g = JobGroupRows(j), groups = (j.N + g - 1) / g, unit = g * j.K * j.T;
+    // Groups q with lo <= prefix + q * unit < hi.
+    const auto first_at_or_after = [&](int64_t c) {
+      return c <= prefix ? 0 : std::min(groups, (c - prefix + unit - 1) / unit);
+    };
+    const int64_t q0 = first_at_or_after(lo), q1 = first_at_or_after(hi);
+    if (q0 < q1) RunJobRows(j, q0 * g, std::min(j.N, q1 * g));
+    prefix += groups * unit;
+  }
+}
+
+// Chunks per thread of a parallel batch: enough that a thread the OS has parked (the machine
+// may be shared) does not hold up the region by a whole 1/n of the work, few enough that each
+// chunk still streams long runs of weight rows.
+constexpr int64_t kChunksPerThread = 4;
+
 void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
-  // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). Thread i
-  // of n owns the units whose cumulative cost starts in [C i / n, C (i + 1) / n): a contiguous
-  // run of (job, group) pairs, so each thread streams its weights front to back.
+  // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). The units,
+  // in (job, group) order, are cut into chunks of equal cost: chunk c of m holds the units
+  // whose cumulative cost starts in [C c / m, C (c + 1) / m), a contiguous run streamed front
+  // to back. Threads take chunks in turn from a shared counter, so a thread that runs late does
+  // less; which thread computes a chunk never changes its arithmetic.
   int64_t total = 0, units = 0;
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
@@ -579,28 +604,17 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   }
   if (total == 0) return;
   const bool parallel = total >= kParallelMinMacs && units > 1;
+  std::atomic<int64_t> next{0};
 #pragma omp parallel if (parallel)
   {
-    int64_t id = 0, nt = 1;
+    int64_t nt = 1;
 #ifdef _OPENMP
-    id = omp_get_thread_num();
     nt = omp_get_num_threads();
 #endif
-    const int64_t lo = total / nt * id + total % nt * id / nt;
-    const int64_t hi = total / nt * (id + 1) + total % nt * (id + 1) / nt;
-    int64_t prefix = 0;  // cost of the jobs before j
-    for (int64_t i = 0; i < n_jobs && prefix < hi; ++i) {
-      const MatmulJob& j = jobs[i];
-      if (j.T <= 0 || j.N <= 0) continue;
-      const int64_t g = JobGroupRows(j), groups = (j.N + g - 1) / g, unit = g * j.K * j.T;
-      // Groups q with lo <= prefix + q * unit < hi.
-      const auto first_at_or_after = [&](int64_t c) {
-        return c <= prefix ? 0 : std::min(groups, (c - prefix + unit - 1) / unit);
-      };
-      const int64_t q0 = first_at_or_after(lo), q1 = first_at_or_after(hi);
-      if (q0 < q1) RunJobRows(j, q0 * g, std::min(j.N, q1 * g));
-      prefix += groups * unit;
-    }
+    const int64_t chunks = nt == 1 ? 1 : std::min(units, nt * kChunksPerThread);
+    const auto bound = [&](int64_t c) { return total / chunks * c + total % chunks * c / chunks; };
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
+      RunCostRange(jobs, n_jobs, bound(c), bound(c + 1));
   }
 }
 
