@@ -67,8 +67,8 @@ MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y);
 
-// Runs every job; work is split over the OpenMP threads by (job, row group) in proportion to
-// T * rows * K, one contiguous range per thread. Small batches run on the calling thread.
+// Runs every job; work is cut by (job, row group) into chunks of equal T * rows * K, which the
+// OpenMP threads take in turn. Small batches run on the calling thread.
 void matmul_batch(const MatmulJob* jobs, int64_t n_jobs);
 // Scalar twin: each job through matmul_ref / mxfp4_matmul_ref.
 void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs);
