@@ -11,34 +11,15 @@ namespace attnres {
 namespace {
 
 template <typename T>
-inline float widen(T v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return bf16_to_f32(v);
-  } else {
-    return v;
-  }
-}
-
-// The storage cast T(x).
-template <typename T>
-inline T narrow(float x) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return f32_to_bf16(x);
-  } else {
-    return x;
-  }
-}
-
-template <typename T>
 inline float cast_f(float x) {
-  return widen<T>(narrow<T>(x));
+  return storage_to_f32<T>(f32_to_storage<T>(x));
 }
 
 template <typename T>
 float sumsq_row(const T* v, int64_t d) {
   float s = 0.0f;
   for (int64_t j = 0; j < d; ++j) {
-    const float x = widen(v[j]);
+    const float x = storage_to_f32(v[j]);
     s += x * x;
   }
   return s;
@@ -47,7 +28,7 @@ float sumsq_row(const T* v, int64_t d) {
 template <typename T>
 float dot_row(const T* v, const float* q, int64_t d) {
   float s = 0.0f;
-  for (int64_t j = 0; j < d; ++j) s += widen(v[j]) * q[j];
+  for (int64_t j = 0; j < d; ++j) s += storage_to_f32(v[j]) * q[j];
   return s;
 }
 
@@ -65,12 +46,12 @@ void read_row(const T* const* rows, int n, int64_t d, const float* q, float eps,
     attnres_softmax(p, n);
   }
   for (int64_t c = 0; c < d; ++c) {
-    float acc = p[0] * widen(rows[0][c]);
+    float acc = p[0] * storage_to_f32(rows[0][c]);
     for (int j = 1; j < n; ++j) {
-      const float term = p[j] * widen(rows[j][c]);
+      const float term = p[j] * storage_to_f32(rows[j][c]);
       acc = acc + term;
     }
-    out[c] = narrow<T>(acc);
+    out[c] = f32_to_storage<T>(acc);
   }
 }
 
@@ -99,7 +80,8 @@ void step_ref(const AttnResStepArgs<T>& a) {
     const T* rs;
     if (a.rs_in && a.pending) {
       for (int64_t j = 0; j < d; ++j) {
-        a.rs_out[o + j] = narrow<T>(widen(a.rs_in[o + j]) + widen(a.pending[o + j]));
+        a.rs_out[o + j] =
+            f32_to_storage<T>(storage_to_f32(a.rs_in[o + j]) + storage_to_f32(a.pending[o + j]));
       }
       rs = a.rs_out + o;
     } else {
@@ -120,8 +102,8 @@ void step_ref(const AttnResStepArgs<T>& a) {
     // 4. RMSNorm (KimiRMSNorm): normalise in fp32, cast, times the gain, cast.
     const float inv = attnres_inv_rms(sumsq_row(out, d), d, a.norm_eps);
     for (int64_t j = 0; j < d; ++j) {
-      const float x = cast_f<T>(widen(out[j]) * inv);
-      out[j] = narrow<T>(x * a.norm_weight[j]);
+      const float x = cast_f<T>(storage_to_f32(out[j]) * inv);
+      out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
     }
   }
 }

@@ -64,7 +64,7 @@ HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = null
   }
   for (; j + N <= d; j += N) a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
   float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
-  for (; j < d; ++j) s += WidenS(v[j]) * q[j];
+  for (; j < d; ++j) s += storage_to_f32(v[j]) * q[j];
   return s;
 }
 
@@ -120,7 +120,7 @@ HWY_INLINE float SumSq(const T* v, int64_t d) {
   }
   float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
   for (; j < d; ++j) {
-    const float x = WidenS(v[j]);
+    const float x = storage_to_f32(v[j]);
     s += x * x;
   }
   return s;
@@ -150,10 +150,10 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
   float s = hn::GetLane(hn::SumOfLanes(df, ss));
   float p = hn::GetLane(hn::SumOfLanes(df, dq));
   for (; j < d; ++j) {
-    const T rt = NarrowS<T>(WidenS(rs_in[j]) + WidenS(pending[j]));
+    const T rt = f32_to_storage<T>(storage_to_f32(rs_in[j]) + storage_to_f32(pending[j]));
     rs_out[j] = rt;
     if (commit) commit[j] = rt;
-    const float r = WidenS(rt);
+    const float r = storage_to_f32(rt);
     s += r * r;
     if (q) p += r * q[j];
   }
@@ -274,15 +274,15 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     }
     float msq = hn::GetLane(hn::SumOfLanes(df, ss));
     for (; j < d; ++j) {
-      float acc = score[0] * WidenS(rows[0][j]);
+      float acc = score[0] * storage_to_f32(rows[0][j]);
       for (int s = 1; s < n; ++s) {
-        const float term = score[s] * WidenS(rows[s][j]);
+        const float term = score[s] * storage_to_f32(rows[s][j]);
         acc = acc + term;
       }
-      const T mt = NarrowS<T>(acc);
+      const T mt = f32_to_storage<T>(acc);
       out[j] = mt;
       if (raw) raw[j] = mt;
-      const float m = WidenS(mt);
+      const float m = storage_to_f32(mt);
       msq += m * m;
     }
 
@@ -295,8 +295,8 @@ void StepImpl(const AttnResStepArgs<T>& a) {
       StoreT(df, CastT<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
     }
     for (; j < d; ++j) {
-      const float x = WidenS(NarrowS<T>(WidenS(out[j]) * inv));
-      out[j] = NarrowS<T>(x * a.norm_weight[j]);
+      const float x = storage_to_f32(f32_to_storage<T>(storage_to_f32(out[j]) * inv));
+      out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
     }
   }
 }

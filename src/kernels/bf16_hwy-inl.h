@@ -71,23 +71,6 @@ HWY_INLINE void StoreT(DF df, VF v, bf16* p) {
   hn::StoreU(hn::DemoteTo(du16, hi), du16, reinterpret_cast<uint16_t*>(p));
 }
 
-template <typename T>
-inline float WidenS(T v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return bf16_to_f32(v);
-  } else {
-    return v;
-  }
-}
-template <typename T>
-inline T NarrowS(float x) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return f32_to_bf16(x);
-  } else {
-    return x;
-  }
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace attnres
 HWY_AFTER_NAMESPACE();

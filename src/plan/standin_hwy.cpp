@@ -69,7 +69,8 @@ void Apply(const T* in, T* out, int64_t rows, int64_t d, float a, float b, const
       const VF y = Formula<kMlp>(df, LoadF(df, x_row + j), va, vb, hn::LoadU(df, c + j));
       StoreT(df, CastT<T>(df, y), y_row + j);
     }
-    for (; j < d; ++j) y_row[j] = NarrowS<T>(FormulaS<kMlp>(WidenS(x_row[j]), a, b, c[j]));
+    for (; j < d; ++j)
+      y_row[j] = f32_to_storage<T>(FormulaS<kMlp>(storage_to_f32(x_row[j]), a, b, c[j]));
   }
 }
 

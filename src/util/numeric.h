@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace attnres {
 
@@ -30,6 +31,25 @@ inline bf16 f32_to_bf16(float f) {
 // f32 value rounded to the nearest bf16 value (kept in an f32).
 inline float round_bf16(float f) {
   return bf16_to_f32(f32_to_bf16(f));
+}
+
+// Activation storage element (bf16 or f32) widened to f32, and the storage cast T(x) (round to
+// nearest even for bf16). Shared by the scalar AttnRes reference and the SIMD kernels' tails.
+template <typename T>
+inline float storage_to_f32(T v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16_to_f32(v);
+  } else {
+    return v;
+  }
+}
+template <typename T>
+inline T f32_to_storage(float x) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return f32_to_bf16(x);
+  } else {
+    return x;
+  }
 }
 
 // OCP fp8 e4m3fn: bias 7, no infinities, 0x7f/0xff = NaN, max finite 448.
