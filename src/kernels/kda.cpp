@@ -20,49 +20,6 @@ inline void axpy(float a, const float* __restrict x, float* __restrict y, int64_
 
 }  // namespace
 
-void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
-                        float* state, float* y) {
-  assert(W >= 1 && W <= kMaxConvWidth);
-  const int hist = W - 1;
-#pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
-  for (int64_t c = 0; c < C; ++c) {
-    // window[0..hist-1] = the previous hist inputs (oldest first), window[hist] = current.
-    float window[kMaxConvWidth];
-    float* st = state + c * hist;
-    for (int j = 0; j < hist; ++j) window[j] = st[j];
-    const float* w = weight + c * W;
-    for (int64_t t = 0; t < T; ++t) {
-      window[hist] = x[t * C + c];  // read before the (possibly aliased) write below
-      float acc = 0.0f;
-      for (int j = 0; j < W; ++j) acc += w[j] * window[j];
-      y[t * C + c] = siluf(acc);
-      for (int j = 0; j < hist; ++j) window[j] = window[j + 1];
-    }
-    for (int j = 0; j < hist; ++j) st[j] = window[j];
-  }
-}
-
-void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
-              const float* dt_bias, std::optional<float> lower_bound, float* g) {
-  const int64_t P = H * dk;
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
-      const float a = std::exp(a_log[h]);
-      for (int64_t i = 0; i < dk; ++i) {
-        const int64_t c = h * dk + i;
-        const float z = f[t * P + c] + dt_bias[c];
-        if (lower_bound) {
-          g[t * P + c] = *lower_bound * sigmoidf(a * z);
-        } else {
-          // softplus with torch's threshold (20): linear above it.
-          const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
-          g[t * P + c] = -a * sp;
-        }
-      }
-    }
-  }
-}
-
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
                    const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
                    float* o) {
