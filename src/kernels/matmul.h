@@ -28,6 +28,9 @@ void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y);
 void matmul_bf16_ref(const bf16* x, int64_t T, const TensorView& W, float* y);
 // Whether matmul_bf16 with BF16 weights uses vdpbf16ps on this CPU.
 bool matmul_bf16_uses_dot_product();
+// out[i] = x[i] as bf16 for i < n; returns false (out then unspecified) as soon as some x[i] is
+// not exactly representable in bf16 (NaN counts as not representable).
+bool bf16_exact_copy(const float* x, int64_t n, bf16* out);
 
 // MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
 // Computed straight from the packed nibbles; no dequantised copy is kept.
@@ -51,7 +54,12 @@ enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4 };
 
 struct MatmulJob {
   const float* x = nullptr;  // [T, K] f32
-  int64_t T = 0;             // tokens (rows of x and y); 0 = nothing to do
+  // Optional: the same [T, K] values as bf16, set only when every x value is exactly a bf16
+  // value (bf16_exact_copy). Then a BF16-weight job runs on vdpbf16ps where the CPU has
+  // AVX512_BF16 (matmul_bf16's arithmetic: the same exact products, another fixed summation
+  // order, subnormals flushed); elsewhere, and for other weight kinds, x is used as usual.
+  const bf16* xh = nullptr;
+  int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;
   const void* w = nullptr;         // [N, K] f32 or bf16; MXFP4: packed nibbles [N, K/2]
   const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise

@@ -546,6 +546,18 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
       break;
     }
     case WeightKind::kBF16: {
+#if HWY_TARGET == HWY_AVX3
+      if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (MatmulBf16Act)
+        const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
+        const auto* wb = static_cast<const uint16_t*>(j.w);
+        DriveRange<kMR, kNR>(T, K, K * 2, row_begin, row_end,
+                             [&](auto mr, auto nr, int64_t t, int64_t n) {
+                               DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(
+                                   xh + t * K, K, wb, N, n, y + t * N + n, N);
+                             });
+        break;
+      }
+#endif
       const F32Rows xs{j.x, T, K};
       const Bf16Rows rows{static_cast<const uint16_t*>(j.w), N, K};
       DriveRange<kMR, kNR>(
@@ -657,6 +669,16 @@ void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y) {
 
 bool matmul_bf16_uses_dot_product() {
   return cpu_info().avx512bf16 && std::string_view(matmul_simd_target()) == "AVX3";
+}
+
+bool bf16_exact_copy(const float* x, int64_t n, bf16* out) {
+  uint32_t inexact = 0;  // OR of the dropped low halves (and a flag for NaN)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    inexact |= (u & 0xffffu) | static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+    out[i] = bf16{static_cast<uint16_t>(u >> 16)};
+  }
+  return inexact == 0;
 }
 
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,

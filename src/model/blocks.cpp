@@ -17,16 +17,48 @@ namespace {
 // Routed experts run over slices of at most this many tokens (scratch ~ slice * top_k rows).
 constexpr int64_t kMoeTokenSlice = 512;
 
-// y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
-void project(const float* x, int64_t T, const Matrix& W, bool bf16_out, float* y) {
-  matmul(x, T, W, y);
-  round_to_bf16(y, T * W.shape[0], bf16_out);
+// How a block runs its projections. In the bf16 flow every projection input is a bf16 value
+// (norm outputs, projection outputs, activations and latents are rounded to bf16), so a
+// BF16-weight job can take a bf16 copy of its input and run on the AVX512_BF16 dot-product
+// kernel (matmul.h: the same exact products, another fixed summation order). The copy is checked
+// to be exact; an input that is not (never expected) keeps the f32 kernel.
+struct Proj {
+  Arena& arena;
+  bool bf16 = false;  // round outputs to bf16 (a bf16 nn.Linear output)
+  bool dot = false;   // give BF16-weight jobs exact bf16 inputs
+};
+
+Proj make_proj(const ForwardOptions& opt, Arena& arena) {
+  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product()};
 }
 
-// Runs the jobs in one parallel region, then rounds each output like project().
-void project_batch(const MatmulJob* jobs, int64_t n, bool bf16_out) {
+// Sets xh on the BF16-weight jobs (one copy per distinct input of the batch).
+void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
+  if (!pj.dot) return;
+  for (int64_t i = 0; i < n; ++i) {
+    MatmulJob& j = jobs[i];
+    if (j.kind != WeightKind::kBF16 || j.T <= 0 || j.xh != nullptr) continue;
+    for (int64_t p = 0; p < i && j.xh == nullptr; ++p)
+      if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].K == j.K) j.xh = jobs[p].xh;
+    if (j.xh != nullptr) continue;
+    bf16* xh = pj.arena.take<bf16>(j.T * j.K);  // [T, K]
+    if (bf16_exact_copy(j.x, j.T * j.K, xh)) j.xh = xh;
+  }
+}
+
+// Runs the jobs in one parallel region, then rounds the outputs of jobs [first_rounded, n) to
+// bf16 in the bf16 flow.
+void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0) {
+  attach_bf16_inputs(pj, jobs, n);
   matmul_batch(jobs, n);
-  for (int64_t i = 0; i < n; ++i) round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, bf16_out);
+  for (int64_t i = first_rounded; i < n; ++i)
+    round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, pj.bf16);
+}
+
+// y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
+void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* y) {
+  MatmulJob j = dense_job(x, T, W, y);
+  project_batch(pj, &j, 1);
 }
 
 MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
@@ -52,20 +84,23 @@ void gated_activation(const ModelConfig& c, const float* gate, const float* up, 
 
 // down(act(gate(x), up(x))) over a [T, d] input; out [T, d] must not alias x.
 void gated_mlp(const ModelConfig& c, const Matrix& gate, const Matrix& up, const Matrix& down,
-               const float* x, int64_t T, bool bf16, Arena& arena, float* out) {
+               const float* x, int64_t T, const Proj& pj, float* out) {
+  const bool bf16 = pj.bf16;
+  Arena& arena = pj.arena;
   const int64_t I = gate.shape[0];
   float* g = arena.take<float>(T * I);  // [T, I]
   float* u = arena.take<float>(T * I);  // [T, I]
-  project(x, T, gate, bf16, g);
-  project(x, T, up, bf16, u);
+  project(pj, x, T, gate, g);
+  project(pj, x, T, up, u);
   gated_activation(c, g, u, T * I, bf16, g);
-  project(g, T, down, bf16, out);
+  project(pj, g, T, down, out);
 }
 
 }  // namespace
 
 void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t T,
                KdaState& state, const ForwardOptions& opt, Arena& arena, float* out) {
+  const Proj pj = make_proj(opt, arena);
   const bool bf16 = opt.bf16();
   const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;  // dv = head_dim too
   const int64_t P = H * dk;
@@ -87,7 +122,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
                          dense_job(x, T, w.b_proj, beta),
                          c.linear.use_full_rank_gate ? dense_job(x, T, w.g_proj, gate)
                                                      : dense_job(x, T, w.g_a_proj, ga)};
-    project_batch(jobs, 6, bf16);
+    project_batch(pj, jobs, 6);
   }
   causal_conv1d_silu(q, T, P, widen(w.q_conv, arena), W, state.conv_q.data(), q);
   causal_conv1d_silu(k, T, P, widen(w.k_conv, arena), W, state.conv_k.data(), k);
@@ -101,7 +136,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
 
   // Forget gate g [T, H, dk] (log decay, f32).
   float* g = arena.take<float>(T * P);  // [T, H*dk]
-  project(fa, T, w.f_b_proj, bf16, g);
+  project(pj, fa, T, w.f_b_proj, g);
   const float* dt_bias = widen(w.dt_bias, arena);
   if (opt.mis.per_channel_a_log) {
     // Misreading: the padded A_log [head_dim] taken per channel within each head.
@@ -131,13 +166,14 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
   }
   round_to_bf16(o, T * H * dv, bf16);
 
-  if (!c.linear.use_full_rank_gate) project(ga, T, w.g_b_proj, bf16, gate);
+  if (!c.linear.use_full_rank_gate) project(pj, ga, T, w.g_b_proj, gate);
   gated_rms_norm(o, gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, o);
-  project(o, T, w.o_proj, bf16, out);
+  project(pj, o, T, w.o_proj, out);
 }
 
 void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_t T,
                LatentCache& cache, const ForwardOptions& opt, Arena& arena, float* out) {
+  const Proj pj = make_proj(opt, arena);
   const bool bf16 = opt.bf16();
   MlaDims md;
   md.H = c.num_attention_heads;
@@ -161,11 +197,11 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
                          dense_job(x, T, w.kv_a_proj, kva)};
     int n = 2;
     if (gated) jobs[n++] = dense_job(x, T, w.g_proj, gate);
-    project_batch(jobs, n, bf16);
+    project_batch(pj, jobs, n);
   }
   if (cq) {
     rms_norm(cq, T, c.q_lora_rank, w.q_a_norm, eps, bf16, cq);
-    project(cq, T, w.q_b_proj, bf16, q);
+    project(pj, cq, T, w.q_b_proj, q);
   }
   // [c_kv | k_rot] per token, then c_kv normalised; the cache gets the normalised latents.
   float* c_kv = arena.take<float>(T * md.r);      // [T, r]
@@ -190,7 +226,7 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
     mla_attend_absorbed(md, q, T, ctx_c, ctx_k, N, w.kv_b_proj, o, scratch);
   } else {
     float* kv = arena.take<float>(N * md.H * (md.nope + md.v));  // [N, H, nope + v]
-    project(ctx_c, N, w.kv_b_proj, bf16, kv);
+    project(pj, ctx_c, N, w.kv_b_proj, kv);
     float* scratch = arena.take<float>(mla_expanded_scratch_floats(N, T));
     mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
   }
@@ -199,11 +235,12 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
     for (int64_t i = 0; i < T * md.H * md.v; ++i) o[i] *= sigmoidf(gate[i]);
     round_to_bf16(o, T * md.H * md.v, bf16);
   }
-  project(o, T, w.o_proj, bf16, out);
+  project(pj, o, T, w.o_proj, out);
 }
 
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
                const ForwardOptions& opt, Arena& arena, float* out) {
+  const Proj pj = make_proj(opt, arena);
   const bool bf16 = opt.bf16();
   const int64_t d = c.hidden_size, E = c.num_experts, K = c.num_experts_per_token;
   const int64_t I = c.moe_intermediate_size;
@@ -228,8 +265,7 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
       jobs[n++] = dense_job(x, T, w.shared_gate, sg);
       jobs[n++] = dense_job(x, T, w.shared_up, su);
     }
-    matmul_batch(jobs, n);
-    for (int i = 1; i < n; ++i) round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, bf16);
+    project_batch(pj, jobs, n, /*first_rounded=*/1);  // the router logits stay f32
   }
   int32_t* ids = arena.take<int32_t>(T * K);  // [T, K]
   float* wts = arena.take<float>(T * K);      // [T, K]
@@ -277,7 +313,7 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
       jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * I);
       jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * I);
     }
-    project_batch(jobs, nj, bf16);
+    project_batch(pj, jobs, nj);
     gated_activation(c, h1, h3, ts * K * I, bf16, h1);
     nj = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -286,7 +322,7 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
       jobs[nj++] =
           expert_job(h1 + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * r);
     }
-    project_batch(jobs, nj, bf16);
+    project_batch(pj, jobs, nj);
     // Combine in expert index order (grouped order), which fixes every token's summation order.
     for (int64_t g = 0; g < ts * K; ++g) {
       const int64_t flat = slot_of[g], t = flat / K;
@@ -311,7 +347,7 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
       gated_activation(c, sg, su, T * Is, bf16, sg);
       last[n++] = dense_job(sg, T, w.shared_down, sh);
     }
-    project_batch(last, n, bf16);
+    project_batch(pj, last, n);
   }
   if (shared) {
     for (int64_t i = 0; i < T * d; ++i) out[i] = routed[i] + sh[i];
@@ -325,7 +361,7 @@ void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float
                      const ForwardOptions& opt, Arena& arena, float* out) {
   const int64_t d = c.hidden_size;
   float* tmp = arena.take<float>(T * d);  // [T, d] so that out may alias x
-  gated_mlp(c, w.gate, w.up, w.down, x, T, opt.bf16(), arena, tmp);
+  gated_mlp(c, w.gate, w.up, w.down, x, T, make_proj(opt, arena), tmp);
   std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(T * d));
 }
 

@@ -71,9 +71,9 @@ Status reference_forward(const ModelWeights& weights, SequenceState& state,
 
 // Embedding rows [T, d] for the tokens (rows widened to f32); checks ids.
 Status embed_tokens(const ModelWeights& weights, const int32_t* tokens, int64_t T, float* out);
-// logits [rows, V] = lm_head(xn) for normalised rows xn [rows, d].
+// logits [rows, V] = lm_head(xn) for normalised rows xn [rows, d] (scratch from arena).
 void lm_head_logits(const ModelWeights& weights, const ForwardOptions& opt, const float* xn,
-                    int64_t rows, float* logits);
+                    int64_t rows, Arena& arena, float* logits);
 // logits [rows, V] = lm_head(norm(h)) for the given rows of h [rows, d]; h is not modified.
 void final_logits(const ModelWeights& weights, const ForwardOptions& opt, Arena& arena,
                   const float* h, int64_t rows, float* logits, const CaptureFn* capture);

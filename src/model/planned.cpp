@@ -126,7 +126,7 @@ Status PlannedForward::run(SequenceState& state, const ForwardOptions& opt, Aren
   last.data = static_cast<std::byte*>(fin.data) +
               static_cast<size_t>((T - rows) * d) * act_dtype_size(fin.dtype);
   widen_rows(last, xn);
-  lm_head_logits(w_, opt, xn, rows, logits);
+  lm_head_logits(w_, opt, xn, rows, arena, logits);
   return Status::ok();
 }
 
