@@ -66,11 +66,20 @@ MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y)
                  : dense_job(x, T, m.dense, y);
 }
 
-// A 1-D F32/BF16 tensor widened into arena memory.
-float* widen(const TensorView& t, Arena& arena) {
+// A small F32/BF16 tensor (conv weights, biases) as f32 values: F32 data is used in place when
+// it is 4-byte aligned (safetensors does not promise alignment), anything else is widened into
+// arena memory. Called per step, so no per-element dtype dispatch.
+const float* widen(const TensorView& t, Arena& arena) {
+  if (t.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
+    return t.as<float>();
   const int64_t n = t.numel();
   float* out = arena.take<float>(n);
-  for (int64_t i = 0; i < n; ++i) out[i] = t.get_f32(i);
+  if (t.dtype == DType::kBF16) {
+    const bf16* src = t.as<bf16>();
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = t.get_f32(i);
+  }
   return out;
 }
 
