@@ -20,9 +20,9 @@ inline void axpy(float a, const float* __restrict x, float* __restrict y, int64_
 
 }  // namespace
 
-void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
-                   const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
-                   float* o) {
+void kda_recurrent_ref(const float* q, const float* k, const float* v, const float* g,
+                       const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv,
+                       float* state, float* o) {
 #pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {
     float* S = state + h * dk * dv;  // [dk, dv]
@@ -80,9 +80,9 @@ int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t d
   return H * per_head_scratch(chunk, dk, dv);
 }
 
-void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                 int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
-                 float* o, float* scratch) {
+void kda_chunked_ref(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk,
+                     float* state, float* o, float* scratch) {
   const int64_t C = chunk, NB = sub_blocks(C);
 #pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {

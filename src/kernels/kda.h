@@ -35,17 +35,28 @@ void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_l
 
 // Recurrent gated delta rule, token by token (the definition):
 //   S = diag(exp(g_t)) S;  S += beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t.
+// kda_recurrent is the dispatched SIMD kernel (kda_hwy.cpp: two passes over S per head and
+// token), kda_recurrent_ref the scalar twin that defines the numerics; they agree up to f32
+// rounding (tests/unit/kernels/test_kda_mla.cpp).
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
                    const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, float* state,
                    float* o);
+void kda_recurrent_ref(const float* q, const float* k, const float* v, const float* g,
+                       const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv,
+                       float* state, float* o);
 
 // Chunked (WY / UT transform) form with chunks of `chunk` tokens (the last may be shorter).
 // Same function as kda_recurrent up to f32 rounding. Only decay ratios exp(gc_i - gc_j) with
 // gc_i <= gc_j are formed, so nothing overflows for any chunk length.
 // scratch must hold kda_chunk_scratch_floats(H, chunk, dk, dv) floats.
 int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t dv);
+// kda_chunked is the dispatched SIMD kernel (kda_hwy.cpp, same algorithm and scratch),
+// kda_chunked_ref the scalar twin.
 void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                  int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
                  float* o, float* scratch);
+void kda_chunked_ref(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk,
+                     float* state, float* o, float* scratch);
 
 }  // namespace attnres
