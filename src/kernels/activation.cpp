@@ -1,5 +1,4 @@
 #include "kernels/activation.h"
-#include "kernels/parallel.h"
 
 #include "util/numeric.h"
 
@@ -13,8 +12,7 @@ void situ_ref(const float* gate, const float* up, int64_t n, float beta, float l
   }
 }
 
-void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
-#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
+void silu_mul_ref(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = siluf(gate[i]) * up[i];
     out[i] = bf16_out ? round_bf16(v) : v;

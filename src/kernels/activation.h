@@ -29,7 +29,11 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
           bool bf16_out, float* out);
 void situ_ref(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
               bool bf16_out, float* out);
-// out[i] = SiLU(gate[i]) * up[i] (Kimi-Linear's activation); out may alias either input.
+// out[i] = SiLU(gate[i]) * up[i] (Kimi-Linear's activation); out may alias either input; with
+// `bf16_out` the product is rounded to bf16. silu_mul() is the dispatched SIMD kernel
+// (silu_hwy.cpp: Highway Exp, <= 1 ulp; position- and thread-count-independent); silu_mul_ref()
+// is its scalar twin, siluf(gate) * up element by element.
 void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out);
+void silu_mul_ref(const float* gate, const float* up, int64_t n, bool bf16_out, float* out);
 
 }  // namespace attnres

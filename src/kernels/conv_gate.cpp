@@ -1,17 +1,18 @@
-// Scalar definitions of KDA's short causal convolution and forget gate (declared in kda.h).
+// Scalar twins of KDA's short causal convolution and forget gate (conv_gate.h): the reference
+// numerics for causal_conv1d_silu and kda_gate (kda.h, conv_gate_hwy.cpp).
 #include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 
 #include "kernels/activation.h"
-#include "kernels/kda.h"
+#include "kernels/conv_gate.h"
 #include "kernels/parallel.h"
 
 namespace attnres {
 
-void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
-                        float* state, float* y) {
+void causal_conv1d_silu_ref(const float* x, int64_t T, int64_t C, const float* weight, int W,
+                            float* state, float* y) {
   assert(W >= 1 && W <= kMaxConvWidth);
   const int hist = W - 1;
 #pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
@@ -32,8 +33,8 @@ void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weigh
   }
 }
 
-void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
-              const float* dt_bias, std::optional<float> lower_bound, float* g) {
+void kda_gate_ref(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
+                  const float* dt_bias, std::optional<float> lower_bound, float* g) {
   const int64_t P = H * dk;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {

@@ -5,8 +5,8 @@
 
 namespace attnres {
 
-void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, float eps,
-              bool bf16_out, float* y) {
+void rms_norm_ref(const float* x, int64_t rows, int64_t D, const TensorView& gain, float eps,
+                  bool bf16_out, float* y) {
   const bool has_gain = gain.data != nullptr;
 #pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
@@ -24,7 +24,7 @@ void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, f
   }
 }
 
-void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
+void l2_norm_ref(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
 #pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * D;
@@ -36,8 +36,8 @@ void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, fl
   }
 }
 
-void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
-                    const TensorView& gain, float eps, bool bf16_out, float* y) {
+void gated_rms_norm_ref(const float* o, const float* gate, int64_t rows, int64_t D,
+                        const TensorView& gain, float eps, bool bf16_out, float* y) {
 #pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* orow = o + r * D;

@@ -7,8 +7,9 @@
 
 namespace attnres {
 
-void route_sigmoid_topk(const float* logits, const float* bias, int64_t T, int64_t E,
-                        const RouterOptions& opt, int32_t* ids, float* weights, float* scratch) {
+void route_sigmoid_topk_ref(const float* logits, const float* bias, int64_t T, int64_t E,
+                            const RouterOptions& opt, int32_t* ids, float* weights,
+                            float* scratch) {
   const int64_t K = opt.top_k;
 #pragma omp parallel for schedule(static) if (T * E * opt.top_k > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {

@@ -1,0 +1,63 @@
+// silu_mul (activation.h) with Highway runtime dispatch: out = SiLU(gate) * up with the scalar
+// twin's formula and order, (gate / (1 + exp(-gate))) * up, Highway's Exp (<= 1 ulp) in place
+// of expf; with bf16_out the product is rounded to bf16 in the vector exactly as round_bf16.
+//
+// Every element goes through the same lane-wise vector code (the ragged end in a zero-padded
+// vector), so its value depends only on its (gate, up) pair: independent of its position and
+// of the thread count. Blocks of kBlock elements (a multiple of every vector width) are split
+// statically over threads.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/silu_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/activation.h"
+#include "kernels/parallel.h"
+#include "kernels/rowops_hwy-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// out[i] for i < n; out may alias gate or up (each vector is loaded before it is stored).
+void SiluMulSpan(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  auto f = [&](VF g, VF u) {
+    const VF v = hn::Mul(SiluVec(d, g), u);
+    return bf16_out ? CastT<bf16>(d, v) : v;
+  };
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(f(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
+  if (i < n) {
+    const size_t rest = static_cast<size_t>(n - i);
+    StoreTail(d, f(LoadTail(d, gate + i, rest), LoadTail(d, up + i, rest)), out + i, rest);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(SiluMulSpan);
+
+void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
+    HWY_DYNAMIC_DISPATCH(SiluMulSpan)(gate + i0, up + i0, m, bf16_out, out + i0);
+  }
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE
