@@ -56,8 +56,8 @@ int64_t mla_expanded_scratch_floats(int64_t N, int64_t T) {
   return T * N;  // [T, N]: one score row per query token, reused across heads
 }
 
-void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
-                         const float* k_rot, int64_t N, float* o, float* scratch) {
+void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const float* kv,
+                             const float* k_rot, int64_t N, float* o, float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v;
 #pragma omp parallel for schedule(static) if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
@@ -87,9 +87,9 @@ int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T) {
   return job_floats + d.H * (2 * d.r + d.rope + 2 * N);
 }
 
-void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
-                         float* scratch) {
+void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
+                             const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                             float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
   const int64_t job_floats =
       (H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));

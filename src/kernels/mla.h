@@ -29,13 +29,21 @@ struct MlaDims {
   float scale = 0.0f;  // 1 / sqrt(nope + rope)
 };
 
+// mla_attend_* are the dispatched SIMD kernels (mla_hwy.cpp), mla_attend_*_ref the scalar
+// twins that define the numerics (mla.cpp); same signatures and scratch, equal up to f32
+// rounding (tests/unit/kernels/test_kda_mla.cpp).
 int64_t mla_expanded_scratch_floats(int64_t N, int64_t T);
 void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
                          const float* k_rot, int64_t N, float* o, float* scratch);
+void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const float* kv,
+                             const float* k_rot, int64_t N, float* o, float* scratch);
 
 int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T);
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch);
+void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
+                             const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                             float* scratch);
 
 }  // namespace attnres

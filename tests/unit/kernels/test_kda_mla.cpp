@@ -263,5 +263,168 @@ TEST(KdaSimd, ThreadCountInvariant) {
   EXPECT_EQ(0, std::memcmp(c1.s.data(), c2.s.data(), c1.s.size() * sizeof(float)));
 }
 
+// ---------------------------------------------------------------------------------------------
+// MLA
+
+TensorView weight_view(const std::vector<float>& f32, const std::vector<bf16>& b16, bool use_bf16,
+                       int64_t rows, int64_t cols) {
+  TensorView t;
+  t.dtype = use_bf16 ? DType::kBF16 : DType::kF32;
+  t.shape = {rows, cols};
+  t.data = use_bf16 ? reinterpret_cast<const std::byte*>(b16.data())
+                    : reinterpret_cast<const std::byte*>(f32.data());
+  t.nbytes = static_cast<size_t>(rows * cols) * (use_bf16 ? sizeof(bf16) : sizeof(float));
+  return t;
+}
+
+struct MlaCase {
+  MlaDims d;
+  int64_t N, T;
+  std::vector<float> q, c_kv, k_rot, kv, w;  // kv [N, H, nope + v] (expanded), w = kv_b_proj
+  std::vector<bf16> w16;
+  MlaCase(int64_t H, int64_t nope, int64_t rope, int64_t v, int64_t r, int64_t N_, int64_t T_,
+          uint32_t seed)
+      : d{H, nope, rope, v, r, 1.0f / std::sqrt(static_cast<float>(nope + rope))}, N(N_), T(T_) {
+    q = randn(T * H * (nope + rope), seed, 2.0f);
+    c_kv = randn(N * r, seed + 1);
+    k_rot = randn(N * rope, seed + 2);
+    kv = randn(N * H * (nope + v), seed + 3);
+    w = randn(H * (nope + v) * r, seed + 4, 0.2f);
+    w16.resize(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = f32_to_bf16(w[i]);
+      w[i] = bf16_to_f32(w16[i]);  // the same values in both storages
+    }
+  }
+  double lambda_u(double n) const { return kLambda * std::sqrt(n) * kU; }
+  // Expanded: e = score error bound; tol = 2 (2 e + 2 lambda sqrt(N + 4) u) max|v|.
+  double expanded_tol() const {
+    const int64_t qw = d.nope + d.rope, kvw = d.nope + d.v;
+    double qmax = 0.0, kmax = 0.0, vmax = 0.0;
+    for (int64_t i = 0; i < T * d.H; ++i) {
+      double ss = 0.0;
+      for (int64_t c = 0; c < qw; ++c) ss += double{q[i * qw + c]} * q[i * qw + c];
+      qmax = std::max(qmax, std::sqrt(ss));
+    }
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t h = 0; h < d.H; ++h) {
+        double ss = 0.0;
+        const float* kj = kv.data() + (j * d.H + h) * kvw;
+        for (int64_t c = 0; c < d.nope; ++c) ss += double{kj[c]} * kj[c];
+        for (int64_t c = 0; c < d.rope; ++c)
+          ss += double{k_rot[j * d.rope + c]} * k_rot[j * d.rope + c];
+        kmax = std::max(kmax, std::sqrt(ss));
+        for (int64_t c = 0; c < d.v; ++c) vmax = std::max(vmax, double{std::fabs(kj[d.nope + c])});
+      }
+    const double e = lambda_u(static_cast<double>(qw)) * d.scale * qmax * kmax;
+    return 2.0 * (2.0 * e + 2.0 * lambda_u(static_cast<double>(N + 4))) * vmax;
+  }
+  // Absorbed: score terms sum_c |q_lat_c||c_kv_c| + |q_rot||k_rot| with |q_lat| <= sum_i |q_i W|;
+  // o_lat as above with max|c_kv|; o = W_UV o_lat adds the row 1-norm of W_UV times that error
+  // plus lambda sqrt(r) u.
+  double absorbed_tol() const {
+    const int64_t qw = d.nope + d.rope, kvw = d.nope + d.v;
+    double smax = 0.0, cmax = max_abs(c_kv), w1 = 0.0;
+    std::vector<double> ql(static_cast<size_t>(d.r));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < d.H; ++h) {
+        const float* qt = q.data() + (t * d.H + h) * qw;
+        std::fill(ql.begin(), ql.end(), 0.0);
+        for (int64_t i = 0; i < d.nope; ++i)
+          for (int64_t c = 0; c < d.r; ++c)
+            ql[static_cast<size_t>(c)] += std::fabs(double{qt[i]} * w[(h * kvw + i) * d.r + c]);
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0.0;
+          for (int64_t c = 0; c < d.r; ++c)
+            s += ql[static_cast<size_t>(c)] * std::fabs(c_kv[j * d.r + c]);
+          for (int64_t c = 0; c < d.rope; ++c)
+            s += std::fabs(double{qt[d.nope + c]} * k_rot[j * d.rope + c]);
+          smax = std::max(smax, s);
+        }
+      }
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t e = 0; e < d.v; ++e) {
+        double a = 0.0;
+        for (int64_t c = 0; c < d.r; ++c) a += std::fabs(w[(h * kvw + d.nope + e) * d.r + c]);
+        w1 = std::max(w1, a);
+      }
+    const double e = lambda_u(static_cast<double>(d.nope + d.r + d.rope)) * d.scale * smax;
+    const double olat = (2.0 * e + 2.0 * lambda_u(static_cast<double>(N + 4))) * cmax;
+    return 2.0 * w1 * (olat + lambda_u(static_cast<double>(d.r)) * cmax);
+  }
+  std::vector<float> expanded(bool ref) const {
+    std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
+    std::vector<float> s(static_cast<size_t>(mla_expanded_scratch_floats(N, T)));
+    (ref ? mla_attend_expanded_ref : mla_attend_expanded)(d, q.data(), T, kv.data(), k_rot.data(),
+                                                          N, o.data(), s.data());
+    return o;
+  }
+  std::vector<float> absorbed(bool ref, bool use_bf16) const {
+    std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
+    std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
+    const TensorView W = weight_view(w, w16, use_bf16, d.H * (d.nope + d.v), d.r);
+    (ref ? mla_attend_absorbed_ref : mla_attend_absorbed)(d, q.data(), T, c_kv.data(), k_rot.data(),
+                                                          N, W, o.data(), s.data());
+    return o;
+  }
+};
+
+struct MlaShape {
+  int64_t H, nope, rope, v, r;
+};
+constexpr MlaShape kMlaShapes[] = {
+    {1, 16, 0, 16, 16}, {3, 17, 5, 17, 17}, {3, 64, 16, 64, 64}, {1, 128, 64, 128, 70}};
+
+TEST(MlaSimd, ExpandedMatchesScalarTwinOnEveryTarget) {
+  for (const MlaShape& sh : kMlaShapes) {
+    for (int64_t N : {1, 7, 100}) {
+      for (int64_t T : {int64_t{1}, std::min<int64_t>(N, 6), N}) {
+        const MlaCase c(sh.H, sh.nope, sh.rope, sh.v, sh.r, N, T,
+                        static_cast<uint32_t>(sh.nope * 1000 + N * 10 + T));
+        const std::vector<float> ref = c.expanded(true);
+        const double tol = c.expanded_tol();
+        for_each_target([&] {
+          SCOPED_TRACE(testing::Message()
+                       << "nope=" << sh.nope << " rope=" << sh.rope << " N=" << N << " T=" << T);
+          expect_close(c.expanded(false), ref, tol, "o");
+        });
+      }
+    }
+  }
+}
+
+TEST(MlaSimd, AbsorbedMatchesScalarTwinOnEveryTarget) {
+  for (const MlaShape& sh : kMlaShapes) {
+    for (int64_t N : {1, 7, 100}) {
+      for (int64_t T : {int64_t{1}, std::min<int64_t>(N, 3)}) {
+        const MlaCase c(sh.H, sh.nope, sh.rope, sh.v, sh.r, N, T,
+                        static_cast<uint32_t>(sh.r * 1000 + N * 10 + T));
+        const double tol = c.absorbed_tol();
+        for (bool use_bf16 : {false, true}) {
+          const std::vector<float> ref = c.absorbed(true, use_bf16);
+          for_each_target([&] {
+            SCOPED_TRACE(testing::Message() << "r=" << sh.r << " rope=" << sh.rope << " N=" << N
+                                            << " T=" << T << " bf16=" << use_bf16);
+            expect_close(c.absorbed(false, use_bf16), ref, tol, "o");
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(MlaSimd, ThreadCountInvariant) {
+  const int saved = omp_get_max_threads();
+  const MlaCase c(8, 64, 16, 64, 256, 100, 100, 77);  // above both kernels' parallel cutoffs
+  const MlaCase a(8, 64, 16, 64, 256, 100, 1, 78);
+  omp_set_num_threads(1);
+  const std::vector<float> e1 = c.expanded(false), a1 = a.absorbed(false, true);
+  omp_set_num_threads(2);
+  const std::vector<float> e2 = c.expanded(false), a2 = a.absorbed(false, true);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(0, std::memcmp(e1.data(), e2.data(), e1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace attnres

@@ -1,0 +1,361 @@
+// MLA attention (mla.h) with Highway runtime dispatch: one copy per compiled target (AVX3 =
+// AVX-512, AVX2, SSE4, SSSE3, SCALAR), chosen once per process; no -march flags. Same functions
+// as the scalar twins mla_attend_expanded_ref() and mla_attend_absorbed_ref() (mla.cpp) up to
+// f32 rounding; tests/unit/kernels/test_kda_mla.cpp bounds the difference on every target.
+//
+// Numerics (fixed per-element order, depending only on the sizes and the target):
+//  - A score is one dot product: lane accumulators over the full vectors of q_nope . k_nope and
+//    then of q_rot . k_rot (fused multiply-adds, increasing index), summed across lanes by the
+//    target's SumOfLanes, then the ragged ends of nope and rope added one term at a time; times
+//    the scale. (Absorbed decode keeps matmul_batch for the scores, see matmul_hwy.cpp.)
+//  - Softmax: the max, then exp(s - max) lane-wise with Highway's Exp (<= 1 ulp), summed in
+//    lane accumulators + SumOfLanes + the ragged end in order, then multiplied by 1 / sum.
+//  - Weighted sums over context rows (o = sum_j p_j v_j, o_lat = sum_j p_j c_kv_j, q_lat =
+//    sum_i q_i W_UK[i]) are lane-wise along the contiguous dimension: each output column
+//    accumulates its terms in increasing row index with one fused multiply-add each, whether it
+//    sits in a full vector or the ragged end (1-lane vectors of the same target), whatever the
+//    register tile it falls in.
+//  - Work is split over (head, query block) or (column block) items; each output element is
+//    computed by one thread, so results do not depend on the thread count.
+//
+// Memory: absorbed decode reads the latent cache c_kv [N, r] once per token for the scores
+// (matmul_batch, all heads against each row) and once for o_lat: the o_lat products are split
+// over column blocks of c_kv (one per thread's share) and walked in blocks of context rows that
+// stay in L1 while every head's accumulators pass over them, instead of once per head.
+// Expanded prefill walks one head at a time (its keys and values, [n_ctx, nope + v], stay in
+// L2) over blocks of query tokens whose scores share each key load.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/mla_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/matmul.h"
+#include "kernels/mla.h"
+#include "kernels/parallel.h"
+#include "util/numeric.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using D1 = hn::CappedTag<float, 1>;
+
+#if HWY_TARGET == HWY_AVX3
+constexpr int kMR = 4, kNV = 4;  // heads / tokens x vectors of accumulators (16 of 32 regs)
+#else
+constexpr int kMR = 4, kNV = 2;  // 8 of 16 registers
+#endif
+constexpr int64_t kCtxBlock = 64;  // context rows per block of the o_lat products
+
+// Weight rows widened exactly (bf16 is the high half of an f32).
+template <class D>
+HWY_INLINE hn::Vec<D> LoadW(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadW(D d, const bf16* p) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint16_t, D> du16;
+  const auto h = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p));
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, h)));
+}
+
+// p[0..n) = softmax(s[0..n)) in place.
+void SoftmaxInplace(float* s, int64_t n) {
+  const DF d;
+  const D1 d1;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  VF vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  const VF vm = hn::Set(d, mx);
+  const auto vm1 = hn::Set(d1, mx);
+  VF acc = hn::Zero(d);
+  for (j = 0; j + L <= n; j += L) {
+    const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), vm));
+    hn::StoreU(e, d, s + j);
+    acc = hn::Add(acc, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; j < n; ++j) {
+    const auto e = hn::Exp(d1, hn::Sub(hn::LoadU(d1, s + j), vm1));
+    hn::StoreU(e, d1, s + j);
+    sum += hn::GetLane(e);
+  }
+  const VF inv = hn::Set(d, 1.0f / sum);
+  for (j = 0; j + L <= n; j += L) hn::StoreU(hn::Mul(hn::LoadU(d, s + j), inv), d, s + j);
+  for (; j < n; ++j) s[j] *= 1.0f / sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weighted row sums: out[m][c] (m < M, c in [c0, c0 + width)) = init + sum_{p in [p0, p1)}
+// coef[m * ldc + p] * X[p * ldx + c], increasing p, init = 0 (p0 == 0 and !accumulate) or out.
+template <int MR, int NV, class D, typename X>
+HWY_INLINE void RowSumTile(D d, const float* coef, int64_t ldc, const X* x, int64_t ldx, int64_t p0,
+                           int64_t p1, bool accumulate, float* out, int64_t ldo, int64_t c0) {
+  using V = hn::Vec<D>;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  V acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v)
+      acc[m][v] = accumulate ? hn::LoadU(d, out + m * ldo + c0 + v * L) : hn::Zero(d);
+  for (int64_t p = p0; p < p1; ++p) {
+    V xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = LoadW(d, x + p * ldx + c0 + v * L);
+    for (int m = 0; m < MR; ++m) {
+      const V a = hn::Set(d, coef[m * ldc + p]);
+      for (int v = 0; v < NV; ++v) acc[m][v] = hn::MulAdd(a, xv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) hn::StoreU(acc[m][v], d, out + m * ldo + c0 + v * L);
+}
+
+// Columns [c0, c1) of MR rows: full tiles, single vectors, then the ragged end.
+template <int MR, typename X>
+HWY_INLINE void RowSumColumns(const float* coef, int64_t ldc, const X* x, int64_t ldx, int64_t p0,
+                              int64_t p1, bool accumulate, float* out, int64_t ldo, int64_t c0,
+                              int64_t c1) {
+  const DF d;
+  const D1 d1;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  int64_t c = c0;
+  for (; c + kNV * L <= c1; c += kNV * L)
+    RowSumTile<MR, kNV>(d, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+  for (; c + L <= c1; c += L)
+    RowSumTile<MR, 1>(d, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+  for (; c < c1; ++c) RowSumTile<MR, 1>(d1, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+}
+
+// All M rows (tiles of kMR, then single rows).
+template <typename X>
+HWY_INLINE void RowSums(int64_t M, const float* coef, int64_t ldc, const X* x, int64_t ldx,
+                        int64_t p0, int64_t p1, bool accumulate, float* out, int64_t ldo,
+                        int64_t c0, int64_t c1) {
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR)
+    RowSumColumns<kMR>(coef + m * ldc, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0, c1);
+  for (; m < M; ++m)
+    RowSumColumns<1>(coef + m * ldc, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0, c1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores of MQ query tokens (rows of q, stride ldq) against context rows j in [0, n):
+// s[t * lds + j] = (q_t . kv_j[0..nope) + q_t[nope..] . k_rot_j) * scale.
+template <int MQ>
+HWY_INLINE void ScoreRows(const float* q, int64_t ldq, const float* kv, int64_t ldkv,
+                          const float* k_rot, int64_t nope, int64_t rope, float scale, int64_t n,
+                          float* s, int64_t lds) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t nf = nope / L * L, rf = rope / L * L;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = kv + j * ldkv;
+    const float* rj = k_rot + j * rope;
+    VF acc[MQ];
+    for (int t = 0; t < MQ; ++t) acc[t] = hn::Zero(d);
+    for (int64_t i = 0; i < nf; i += L) {
+      const VF kvv = hn::LoadU(d, kj + i);
+      for (int t = 0; t < MQ; ++t) acc[t] = hn::MulAdd(hn::LoadU(d, q + t * ldq + i), kvv, acc[t]);
+    }
+    for (int64_t i = 0; i < rf; i += L) {
+      const VF kvv = hn::LoadU(d, rj + i);
+      for (int t = 0; t < MQ; ++t)
+        acc[t] = hn::MulAdd(hn::LoadU(d, q + t * ldq + nope + i), kvv, acc[t]);
+    }
+    for (int t = 0; t < MQ; ++t) {
+      const float* qt = q + t * ldq;
+      float sum = hn::GetLane(hn::SumOfLanes(d, acc[t]));
+      for (int64_t i = nf; i < nope; ++i) sum += qt[i] * kj[i];
+      for (int64_t i = rf; i < rope; ++i) sum += qt[nope + i] * rj[i];
+      s[t * lds + j] = sum * scale;
+    }
+  }
+}
+
+// Expanded attention for head h over the query tokens [t0, t0 + nt), nt <= kMR.
+void ExpandedBlock(const MlaDims& dm, const float* q, int64_t T, const float* kv,
+                   const float* k_rot, int64_t N, int64_t h, int64_t t0, int64_t nt, float* o,
+                   float* scratch) {
+  const int64_t P = N - T, qw = dm.nope + dm.rope, kvw = dm.nope + dm.v, H = dm.H;
+  const float* qb = q + (t0 * H + h) * qw;  // token t of the block at qb + t * H * qw
+  const float* kh = kv + h * kvw;           // context row j at kh + j * H * kvw
+  float* sb = scratch + t0 * N;             // [nt, N] score rows of the block
+  const int64_t n_first = P + t0 + 1, n_last = P + t0 + nt;  // contexts of the first/last token
+  // Scores up to the last token's context (entries past a token's own context are unused).
+  if (nt == kMR) {
+    ScoreRows<kMR>(qb, H * qw, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale, n_last, sb, N);
+  } else {
+    for (int64_t t = 0; t < nt; ++t)
+      ScoreRows<1>(qb + t * H * qw, H * qw, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale,
+                   P + t0 + t + 1, sb + t * N, N);
+  }
+  for (int64_t t = 0; t < nt; ++t) SoftmaxInplace(sb + t * N, P + t0 + t + 1);
+  // o_t = sum_{j < n_ctx(t)} p_tj v_j: the common context in one tile, then each token's rest.
+  float* ob = o + (t0 * H + h) * dm.v;  // token t at ob + t * H * v
+  const float* vh = kh + dm.nope;
+  RowSums(nt, sb, N, vh, H * kvw, 0, n_first, false, ob, H * dm.v, 0, dm.v);
+  for (int64_t t = 1; t < nt; ++t)
+    RowSums(1, sb + t * N, N, vh, H * kvw, n_first, P + t0 + t + 1, true, ob + t * H * dm.v,
+            H * dm.v, 0, dm.v);
+}
+
+// q_lat[h] = W_UK[h]^T q_nope[h] for one head (rows h * kvw + i of kv_b_proj, increasing i).
+template <typename W>
+void QLatHead(const MlaDims& dm, const float* qt, const W* w, float* ql) {
+  RowSums(1, qt, dm.nope, w, dm.r, 0, dm.nope, false, ql, dm.r, 0, dm.r);
+}
+void QLatHeadF32(const MlaDims& dm, const float* qt, const float* w, float* ql) {
+  QLatHead(dm, qt, w, ql);
+}
+void QLatHeadBf16(const MlaDims& dm, const float* qt, const bf16* w, float* ql) {
+  QLatHead(dm, qt, w, ql);
+}
+
+// Scores of head h: s = (s_lat + s_rot) * scale, then softmax over n.
+void HeadSoftmax(float* s, const float* sr, int64_t n, float scale) {
+  const DF d;
+  const D1 d1;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const VF vs = hn::Set(d, scale);
+  const auto vs1 = hn::Set(d1, scale);
+  int64_t j = 0;
+  if (sr) {
+    for (; j + L <= n; j += L)
+      hn::StoreU(hn::Mul(hn::Add(hn::LoadU(d, s + j), hn::LoadU(d, sr + j)), vs), d, s + j);
+    for (; j < n; ++j)
+      hn::StoreU(hn::Mul(hn::Add(hn::LoadU(d1, s + j), hn::LoadU(d1, sr + j)), vs1), d1, s + j);
+  } else {
+    for (; j + L <= n; j += L) hn::StoreU(hn::Mul(hn::LoadU(d, s + j), vs), d, s + j);
+    for (; j < n; ++j) hn::StoreU(hn::Mul(hn::LoadU(d1, s + j), vs1), d1, s + j);
+  }
+  SoftmaxInplace(s, n);
+}
+
+// o_lat[:, c0..c1) = p [H, n] c_kv[n, r][:, c0..c1), context rows in blocks of kCtxBlock (the
+// block's columns stay in L1 while all heads pass over them).
+void OLatColumns(const float* p, int64_t H, int64_t n, const float* c_kv, int64_t r, int64_t c0,
+                 int64_t c1, float* o_lat) {
+  for (int64_t j0 = 0; j0 < n; j0 += kCtxBlock) {
+    const int64_t j1 = std::min(n, j0 + kCtxBlock);
+    RowSums(H, p, n, c_kv, r, j0, j1, j0 > 0, o_lat, r, c0, c1);
+  }
+}
+
+int64_t ColumnBlockWidth() {
+  return kNV * static_cast<int64_t>(hn::Lanes(DF()));
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(ExpandedBlock);
+HWY_EXPORT(QLatHeadF32);
+HWY_EXPORT(QLatHeadBf16);
+HWY_EXPORT(HeadSoftmax);
+HWY_EXPORT(OLatColumns);
+HWY_EXPORT(ColumnBlockWidth);
+
+namespace {
+constexpr int64_t kQueryBlock = 4;  // tokens per expanded work item (the kernels' kMR)
+}  // namespace
+
+void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
+                         const float* k_rot, int64_t N, float* o, float* scratch) {
+  const auto block = HWY_DYNAMIC_DISPATCH(ExpandedBlock);
+  const int64_t nqb = (T + kQueryBlock - 1) / kQueryBlock;
+  // Heads in turn, query blocks split over the threads; a block's score rows (scratch rows of
+  // its tokens) are used by one thread at a time (the loop's barrier separates heads).
+#pragma omp parallel if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
+  for (int64_t h = 0; h < d.H; ++h) {
+#pragma omp for schedule(static, 1)
+    for (int64_t b = 0; b < nqb; ++b) {
+      const int64_t t0 = b * kQueryBlock;
+      block(d, q, T, kv, k_rot, N, h, t0, std::min(kQueryBlock, T - t0), o, scratch);
+    }
+  }
+}
+
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
+                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch) {
+  const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
+  // Scratch layout of mla_absorbed_scratch_floats() (shared with the twin).
+  const int64_t job_floats =
+      (H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
+  auto* jobs = reinterpret_cast<MatmulJob*>(scratch);  // [H + 2]
+  float* q_lat = scratch + job_floats;                 // [H, r]
+  float* q_rot = q_lat + H * r;                        // [H, rope]
+  float* s_lat = q_rot + H * d.rope;                   // [H, n_ctx] latent part of the scores
+  float* s_rot = s_lat + H * N;                        // [H, n_ctx] rope part of the scores
+  float* o_lat = s_rot + H * N;                        // [H, r]
+  const bool wbf16 = kv_b_proj.dtype == DType::kBF16;
+  const auto qlat_f32 = HWY_DYNAMIC_DISPATCH(QLatHeadF32);
+  const auto qlat_bf16 = HWY_DYNAMIC_DISPATCH(QLatHeadBf16);
+  const auto head_softmax = HWY_DYNAMIC_DISPATCH(HeadSoftmax);
+  const auto olat_cols = HWY_DYNAMIC_DISPATCH(OLatColumns);
+  const int64_t cbw = HWY_DYNAMIC_DISPATCH(ColumnBlockWidth)();
+  const int64_t ncb = (r + cbw - 1) / cbw;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n_ctx = P + t + 1;
+#pragma omp parallel for schedule(static) if (H * d.nope * r > kParallelMinWork)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qt = q + (t * H + h) * qw;
+      const int64_t wrow = h * kvw * r;
+      if (wbf16)
+        qlat_bf16(d, qt, kv_b_proj.as<bf16>() + wrow, q_lat + h * r);
+      else
+        qlat_f32(d, qt, kv_b_proj.as<float>() + wrow, q_lat + h * r);
+      for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
+    }
+    // Scores of every head against the context in one batch (c_kv / k_rot rows act as weight
+    // rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x k_rot[n_ctx, rope]^T.
+    auto ctx_job = [&](const float* x, const float* ctx, int64_t K, float* y) {
+      MatmulJob j;
+      j.x = x;
+      j.T = H;
+      j.kind = WeightKind::kF32;
+      j.w = ctx;
+      j.N = n_ctx;
+      j.K = K;
+      j.y = y;
+      return j;
+    };
+    jobs[0] = ctx_job(q_lat, c_kv, r, s_lat);
+    jobs[1] = ctx_job(q_rot, k_rot, d.rope, s_rot);
+    matmul_batch(jobs, d.rope > 0 ? 2 : 1);
+    // Softmax per head, then o_lat = p c_kv split over column blocks of c_kv.
+#pragma omp parallel if (H * n_ctx * r > kParallelMinWork)
+    {
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < H; ++h)
+        head_softmax(s_lat + h * n_ctx, d.rope > 0 ? s_rot + h * n_ctx : nullptr, n_ctx, d.scale);
+#pragma omp for schedule(static)
+      for (int64_t cb = 0; cb < ncb; ++cb)
+        olat_cols(s_lat, H, n_ctx, c_kv, r, cb * cbw, std::min(r, (cb + 1) * cbw), o_lat);
+    }
+    // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
+    for (int64_t h = 0; h < H; ++h)
+      jobs[h] =
+          dense_rows_job(o_lat + h * r, 1, kv_b_proj, h * kvw + d.nope, d.v, o + (t * H + h) * d.v);
+    matmul_batch(jobs, H);
+  }
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE
