@@ -171,20 +171,29 @@ BENCHMARK(BM_GemvBf16)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// args: N, K (MXFP4 expert projections: w1/w3 [512, 1024] and w2 [1024, 512] for K3-mini).
+// args: N, K (MXFP4 expert projections: w1/w3 [512, 1024] and w2 [1024, 512] for K3-mini),
+// act: 0 = f32 activations (mxfp4_matmul), 1 = bf16 activations (a batch job with xh: the
+// vdpbf16ps kernel the bf16 flow uses where the CPU has AVX512_BF16).
 void BM_GemvMxfp4(benchmark::State& state) {
   context_once();
   const int64_t N = state.range(0), K = state.range(1);
+  const bool bf16_act = state.range(2) != 0;
   const int64_t pb = N * K / 2, ps = N * K / 32, copies = copies_for(pb + ps);
   const std::vector<uint8_t> packed = random_bytes(pb * copies, 3, 0, 255);   // [copies, N, K/2]
   const std::vector<uint8_t> scale = random_bytes(ps * copies, 4, 118, 124);  // [copies, N, K/32]
-  const std::vector<float> x = random_f32(K, 5);                              // [K]
-  std::vector<float> y(static_cast<size_t>(N));                               // [N]
+  std::vector<float> x = random_f32(K, 5);                                    // [K]
+  std::vector<bf16> xh(static_cast<size_t>(K));                               // [K]
+  for (float& v : x) v = round_bf16(v);
+  if (!bf16_exact_copy(x.data(), K, xh.data())) state.SkipWithError("x not bf16-exact");
+  std::vector<float> y(static_cast<size_t>(N));  // [N]
   int64_t c = 0;
   BestOf best, read;
   for (auto _ : state) {
     best.time([&] {
-      mxfp4_matmul(x.data(), 1, packed.data() + c * pb, scale.data() + c * ps, N, K, y.data());
+      MatmulJob j =
+          mxfp4_job(x.data(), 1, packed.data() + c * pb, scale.data() + c * ps, N, K, y.data());
+      if (bf16_act) j.xh = xh.data();
+      matmul_batch(&j, 1);
     });
     benchmark::DoNotOptimize(y.data());
     const int64_t other = (c + copies / 2) % copies;
@@ -198,10 +207,10 @@ void BM_GemvMxfp4(benchmark::State& state) {
   set_bandwidth_counters(state, pb + ps, best, &read);
 }
 BENCHMARK(BM_GemvMxfp4)
-    ->ArgNames({"N", "K"})
-    ->Args({512, 1024})
-    ->Args({1024, 512})
-    ->Args({4096, 2048})
+    ->ArgNames({"N", "K", "bf16_act"})
+    ->ArgsProduct({{512}, {1024}, {0, 1}})
+    ->ArgsProduct({{1024}, {512}, {0, 1}})
+    ->ArgsProduct({{4096}, {2048}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

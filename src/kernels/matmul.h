@@ -55,9 +55,10 @@ enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4 };
 struct MatmulJob {
   const float* x = nullptr;  // [T, K] f32
   // Optional: the same [T, K] values as bf16, set only when every x value is exactly a bf16
-  // value (bf16_exact_copy). Then a BF16-weight job runs on vdpbf16ps where the CPU has
-  // AVX512_BF16 (matmul_bf16's arithmetic: the same exact products, another fixed summation
-  // order, subnormals flushed); elsewhere, and for other weight kinds, x is used as usual.
+  // value (bf16_exact_copy). Then BF16 and MXFP4 jobs run on vdpbf16ps where the CPU has
+  // AVX512_BF16 (BF16: matmul_bf16's arithmetic; MXFP4: the block decoded to exact bf16
+  // weights; the same exact products as with f32 x, another fixed summation order, subnormal
+  // inputs flushed); elsewhere, and for F32 weights, x is used as usual.
   const bf16* xh = nullptr;
   int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;

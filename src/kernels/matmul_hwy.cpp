@@ -492,6 +492,50 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, i
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
+
+// bf16 tokens with MXFP4 weights: per 32-element block of a row, the 16 E2M1 values times the
+// block's E8M0 scale (exact f32 products, as in Mxfp4Tile) are converted to bf16 (exact: at most
+// two significant bits, the f32 exponent range; except that vcvtne2ps2bf16 flushes the subnormal
+// products of scale bytes 0 and 1 to zero, as vdpbf16ps flushes subnormal inputs) and duplicated
+// into a 32-word table. Lane j needs the pair (w[2j], w[2j + 1]) = the low and high nibble of
+// packed byte j: with the byte zero-extended to 32 bits as d, the word index pair
+// d | (d << 12) has the low nibble in bits 0-3 of the low word (bit 4 may hold the high
+// nibble's low bit: vpermw reads 5 index bits, and the duplicated table makes it irrelevant)
+// and the high nibble in the high word. Lane j of the vdpbf16ps step then takes k = 32b + 2j + 1
+// and 32b + 2j of block b, blocks in increasing order.
+ATTNRES_BF16_DOT HWY_INLINE __m512bh DecodeBlockBf16(const uint8_t* HWY_RESTRICT p, uint8_t s,
+                                                     __m512 values) {
+  const __m512 t = _mm512_mul_ps(values, _mm512_set1_ps(kScales.v[s]));
+  const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t, t));
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i idx = _mm512_or_si512(d, _mm512_slli_epi32(d, 12));
+  return reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, table));
+}
+
+template <int MR, int NR>
+ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, int64_t N,
+                                                int64_t K, const uint8_t* packed,
+                                                const uint8_t* scale, int64_t n0,
+                                                float* HWY_RESTRICT y, int64_t ldy) {
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const __m512 values = _mm512_loadu_ps(kE2m1Values);
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < row_scales; ++b) {
+    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r)
+      wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
+                              scale[(n0 + r) * row_scales + b], values);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = LoadBf16x32(x + m * K + b * kMxfp4BlockSize);
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
 
@@ -568,6 +612,17 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
     }
     case WeightKind::kMxfp4: {
       const auto* packed = static_cast<const uint8_t*>(j.w);
+#if HWY_TARGET == HWY_AVX3
+      if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotTile)
+        const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
+        DriveRange<kMRq, kNRq>(T, K, K / 2 + K / kMxfp4BlockSize, row_begin, row_end,
+                               [&](auto mr, auto nr, int64_t t, int64_t n) {
+                                 Mxfp4DotTile<decltype(mr)::value, decltype(nr)::value>(
+                                     xh + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
+                               });
+        break;
+      }
+#endif
       DriveRange<kMRq, kNRq>(T, K, K / 2 + K / kMxfp4BlockSize, row_begin, row_end,
                              [&](auto mr, auto nr, int64_t t, int64_t n) {
                                Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(

@@ -19,25 +19,25 @@ constexpr int64_t kMoeTokenSlice = 512;
 
 // How a block runs its projections. In the bf16 flow every projection input is a bf16 value
 // (norm outputs, projection outputs, activations and latents are rounded to bf16), so a
-// BF16-weight job can take a bf16 copy of its input and run on the AVX512_BF16 dot-product
-// kernel (matmul.h: the same exact products, another fixed summation order). The copy is checked
+// BF16 or MXFP4 job can take a bf16 copy of its input and run on the AVX512_BF16 dot-product
+// kernels (matmul.h: the same exact products, another fixed summation order). The copy is checked
 // to be exact; an input that is not (never expected) keeps the f32 kernel.
 struct Proj {
   Arena& arena;
   bool bf16 = false;  // round outputs to bf16 (a bf16 nn.Linear output)
-  bool dot = false;   // give BF16-weight jobs exact bf16 inputs
+  bool dot = false;   // give BF16 / MXFP4 jobs exact bf16 inputs
 };
 
 Proj make_proj(const ForwardOptions& opt, Arena& arena) {
   return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product()};
 }
 
-// Sets xh on the BF16-weight jobs (one copy per distinct input of the batch).
+// Sets xh on the BF16 and MXFP4 jobs (one copy per distinct input of the batch).
 void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
   if (!pj.dot) return;
   for (int64_t i = 0; i < n; ++i) {
     MatmulJob& j = jobs[i];
-    if (j.kind != WeightKind::kBF16 || j.T <= 0 || j.xh != nullptr) continue;
+    if (j.kind == WeightKind::kF32 || j.T <= 0 || j.xh != nullptr) continue;
     for (int64_t p = 0; p < i && j.xh == nullptr; ++p)
       if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].K == j.K) j.xh = jobs[p].xh;
     if (j.xh != nullptr) continue;
