@@ -3,9 +3,9 @@
 // conv_gate_hwy.cpp with Highway runtime dispatch; these _ref versions (conv_gate.cpp, the
 // original scalar loops) define the numerics and take the same arguments.
 //
-// What the SIMD versions change: the convolution runs over a vector of channels at a time, in
-// the twin's order but with fused multiply-adds where the target has them (the pre-activation
-// differs by the rounding of a W-term sum); SiLU,
+// What the SIMD versions change: the convolution runs over a vector of channels at a time with
+// the twin's products and sums in the twin's order, unfused (bitwise the same pre-activation);
+// SiLU,
 // the sigmoid and softplus use Highway's Exp (<= 1 ulp) and Log1p (<= 2 ulp) instead of libm.
 // Every element's value depends only on its own inputs, never on its position or the thread
 // count. tests/unit/kernels/test_rowops.cpp bounds the difference.

@@ -3,13 +3,12 @@
 //
 // Convolution: a vector holds L consecutive channels. For each block of L channels the W - 1
 // previous inputs of every lane live in a small window (loaded from and written back to
-// `state`), and each token's pre-activation is accumulated in the twin's order, from 0 over
-// j = 0..W-1, as multiply-adds (fused on targets with FMA, where the compiler would contract
-// a separate multiply and add anyway: GCC contracts by default in C++), so it differs from the
-// twin's by at most the rounding of a W-term sum; SiLU uses Highway's Exp. The current input
-// is read before the output is stored, so y may alias x. The last block's missing lanes are
-// zero-padded and never stored. W = 4 (Kimi-Linear and Kimi-K3) has its own instantiation so
-// the window can stay in registers.
+// `state`), and each token's pre-activation is accumulated as the twin does, from 0, adding
+// w[j] * window[j] for j = 0..W-1 with a separate multiply and add: this file is compiled with
+// -ffp-contract=off (CMakeLists.txt), so the pre-activation is bitwise the twin's; only SiLU
+// differs (Highway's Exp). The current input is read before the output is stored, so y may
+// alias x. The last block's missing lanes are zero-padded and never stored. W = 4 (Kimi-Linear
+// and Kimi-K3) has its own instantiation so the window can stay in registers.
 //
 // Gate: element-wise over [T, H, dk] with the twin's formulas and operation order; a = exp(a_log)
 // is the twin's scalar expf per head.
@@ -58,8 +57,9 @@ HWY_INLINE void ConvBlock(const float* x, int64_t T, int64_t C, int64_t c0, int6
     float* yt = y + t * C + c0;
     const VF cur = m == L ? hn::LoadU(d, xt) : LoadTail(d, xt, static_cast<size_t>(m));
     VF acc = hn::Zero(d);
-    for (int j = 0; j < hist; ++j) acc = hn::MulAdd(hn::Load(d, wt[j]), hn::Load(d, win[j]), acc);
-    acc = hn::MulAdd(hn::Load(d, wt[hist]), cur, acc);
+    for (int j = 0; j < hist; ++j)
+      acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[j]), hn::Load(d, win[j])));
+    acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[hist]), cur));
     const VF out = SiluVec(d, acc);
     if (m == L) {
       hn::StoreU(out, d, yt);
