@@ -1,11 +1,33 @@
 // The fused AttnRes step (delayed add + read over S sources + RMSNorm, kernels/attnres.h) at the
-// published width d = 7168, bf16 storage, against this machine's STREAM bandwidth. Bytes per
-// call count what the step must move: S - 1 committed slots, the running sum and the pending
-// output read, the new running sum and the normalised output written (T x d bf16 each; the
-// per-slot inverse RMS [T] f32 is included). GB/s = bytes / time; frac_* = GB/s / STREAM.
-//   ./attnres_bench --benchmark_filter=AttnRes
+// published width d = 7168, bf16 storage, against this machine's memory bandwidth.
+//
+// Bytes per call count what the step must move at minimum: S - 1 committed slots, the running
+// sum and the pending output read, the new running sum and the normalised output written
+// (T x d bf16 each), plus the slots' inverse RMS ([T] f32 each). Write-allocate reads are not
+// counted (a kernel that pays them is slower, not credited).
+//
+// Args: S (sources: S - 1 slots + the running sum), T (tokens), inplace (1: the planned storage
+// policy, rs_out = rs_in and out = pending; 0: both outputs in storage of their own).
+// Each iteration times, back to back and so under the same machine state (the machine is
+// shared): the step on one of `copies` data sets (rotated so that the data of one call is not in
+// the 32 MiB L3 at the next), then a STREAM read pass (kernels/stream_probe.h) over a buffer of
+// the same byte count, then a STREAM triad (a = b + s c, f64, counted as 3 arrays by the STREAM
+// convention) over three arrays of a third of the byte count each. Counters:
+//   GB_s             bytes / mean step time
+//   of_read_paired   mean read-pass time / mean step time (same bytes): the fraction of the
+//                    STREAM read bandwidth the step reaches; of_triad_paired likewise for triad
+//   best_GB_s, of_read_best  the same from the fastest step and the fastest read pass (load
+//                    from other processes only slows a pass down, so best-of is the steadiest)
+//   frac_read/triad  GB_s / the process-wide STREAM probe (bench_limits.h), measured once
+//   ./attnres_bench --benchmark_filter=AttnRes --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true
+// Measured (2 threads, AVX3, load from other engineers, medians of 5 repetitions):
+//   see docs/performance.md, "The fused AttnRes step against STREAM".
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
 #include <vector>
 
 #include "bench_limits.h"
@@ -15,70 +37,146 @@
 namespace attnres::bench {
 namespace {
 
-void BM_AttnResStep(benchmark::State& state) {
-  const int S = static_cast<int>(state.range(0));  // sources: S - 1 slots + the running sum
-  const int64_t T = state.range(1), d = 7168;
-  const size_t n = static_cast<size_t>(T * d);
-  SplitMix64 rng{42};
+constexpr int64_t kDim = 7168;
+
+double seconds_of(const auto& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One data set of the step: S - 1 slots, the running sum and the pending output (and, when not
+// in place, the two output buffers). Outputs are written over inputs in place, so the values
+// drift from call to call; they stay finite (the running sum grows by a normalised row a call).
+struct StepData {
+  std::vector<std::vector<bf16>> slots;  // [S-1][T, d]
+  std::vector<std::vector<float>> inv;   // [S-1][T]
+  std::vector<bf16> rs, pending;         // [T, d]
+  std::vector<bf16> rs_out, out;         // [T, d], only when not in place
+  std::vector<const bf16*> slot_ptrs;
+  std::vector<const float*> inv_ptrs;
+  AttnResStepArgs<bf16> args;
+};
+
+void make_step_data(StepData& s, int S, int64_t T, bool inplace, const std::vector<float>& query,
+                    const std::vector<float>& gain, uint64_t seed) {
+  const size_t n = static_cast<size_t>(T * kDim);
+  SplitMix64 rng{seed};
   auto fill = [&](std::vector<bf16>& v) {
     v.resize(n);
     for (bf16& x : v) x = f32_to_bf16(rng.uniform(-1.0f, 1.0f));
   };
-  std::vector<std::vector<bf16>> slots(static_cast<size_t>(S - 1));
-  std::vector<std::vector<float>> inv(static_cast<size_t>(S - 1),
-                                      std::vector<float>(static_cast<size_t>(T), 1.0f));
-  for (auto& s : slots) fill(s);
-  std::vector<bf16> rs, pending;
-  fill(rs);
-  fill(pending);
-  std::vector<float> query(static_cast<size_t>(d)), gain(static_cast<size_t>(d), 1.0f);
-  for (float& q : query) q = rng.uniform(-0.05f, 0.05f);
-  std::vector<const bf16*> slot_ptrs;
-  std::vector<const float*> inv_ptrs;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    slot_ptrs.push_back(slots[i].data());
-    inv_ptrs.push_back(inv[i].data());
+  s.slots.resize(static_cast<size_t>(S - 1));
+  s.inv.assign(static_cast<size_t>(S - 1), std::vector<float>(static_cast<size_t>(T), 1.0f));
+  for (auto& v : s.slots) fill(v);
+  fill(s.rs);
+  fill(s.pending);
+  if (!inplace) {
+    s.rs_out.assign(n, bf16{});
+    s.out.assign(n, bf16{});
   }
-  AttnResStepArgs<bf16> a;
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    s.slot_ptrs.push_back(s.slots[i].data());
+    s.inv_ptrs.push_back(s.inv[i].data());
+  }
+  AttnResStepArgs<bf16>& a = s.args;
   a.tokens = T;
-  a.dim = d;
+  a.dim = kDim;
   a.res_eps = 1e-5f;
   a.norm_eps = 1e-5f;
   a.num_slots = S - 1;
-  a.slots = slot_ptrs.data();
-  a.slot_inv_rms = inv_ptrs.data();
-  a.rs_in = rs.data();
-  a.pending = pending.data();
-  a.rs_out = rs.data();  // in place, as the planned policy does
+  a.slots = s.slot_ptrs.data();
+  a.slot_inv_rms = s.inv_ptrs.data();
+  a.rs_in = s.rs.data();
+  a.pending = s.pending.data();
+  a.rs_out = inplace ? s.rs.data() : s.rs_out.data();  // planned policy: in place
   a.query = query.data();
   a.norm_weight = gain.data();
-  a.out = pending.data();  // the mixture overwrites the consumed pending output
-  for (auto _ : state) {
-    attnres_step(a);
-    benchmark::ClobberMemory();
-  }
-  const double bytes = static_cast<double>(S - 1 + 4) * static_cast<double>(n) * 2.0 +
+  a.out = inplace ? s.pending.data() : s.out.data();  // planned: over the consumed pending
+}
+
+void stream_triad(double* a, const double* b, const double* c, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0 * c[i];
+}
+
+void BM_AttnResStep(benchmark::State& state) {
+  const int S = static_cast<int>(state.range(0));
+  const int64_t T = state.range(1);
+  const bool inplace = state.range(2) != 0;
+  const double arrays_read = S + 1, arrays_written = 2;
+  const double array_bytes = static_cast<double>(T * kDim) * 2.0;
+  const double bytes = (arrays_read + arrays_written) * array_bytes +
                        static_cast<double>(S - 1) * static_cast<double>(T) * 4.0;
-  state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
+  // Enough data sets that consecutive calls touch at least 2x the last-level cache.
+  const double footprint = (S + 1 + (inplace ? 0 : 2)) * array_bytes;
+  const int copies = std::max(
+      1, static_cast<int>(2.0 * static_cast<double>(last_level_cache_bytes()) / footprint) + 1);
+  SplitMix64 rng{42};
+  std::vector<float> query(static_cast<size_t>(kDim)), gain(static_cast<size_t>(kDim), 1.0f);
+  for (float& q : query) q = rng.uniform(-0.05f, 0.05f);
+  std::vector<StepData> data(static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    make_step_data(data[static_cast<size_t>(c)], S, T, inplace, query, gain, 100 + c);
+  }
+  // Paired STREAM buffers: `bytes` to read; three arrays of bytes / 3 for the triad.
+  const size_t read_words = static_cast<size_t>(bytes) / 8;
+  std::vector<uint64_t> read_buf(read_words, 0x3ff0000000000000ull);  // [read_words]
+  const int64_t triad_n = static_cast<int64_t>(bytes / 3.0 / 8.0);
+  std::vector<double> ta(static_cast<size_t>(triad_n), 0.0), tb(ta.size(), 1.0),
+      tc(ta.size(), 2.0);  // [triad_n] each
+
+  double t_step = 0.0, t_read = 0.0, t_triad = 0.0;
+  double best_step = 1e30, best_read = 1e30;
+  int c = 0;
+  for (auto _ : state) {
+    const AttnResStepArgs<bf16>& a = data[static_cast<size_t>(c)].args;
+    const double ts = seconds_of([&] { attnres_step(a); });
+    state.SetIterationTime(ts);
+    t_step += ts;
+    best_step = std::min(best_step, ts);
+    benchmark::ClobberMemory();
+    const double tr = seconds_of([&] {
+      benchmark::DoNotOptimize(
+          stream_read_pass(reinterpret_cast<const std::byte*>(read_buf.data()), read_words * 8, 0));
+    });
+    t_read += tr;
+    best_read = std::min(best_read, tr);
+    t_triad += seconds_of([&] { stream_triad(ta.data(), tb.data(), tc.data(), triad_n); });
+    benchmark::ClobberMemory();
+    c = (c + 1) % copies;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const double gb_s = bytes * iters / t_step * 1e-9;
   const StreamResult& lim = stream_limit();
-  state.counters["GB_s"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB_s"] = gb_s;
+  state.counters["read_GB_s"] = static_cast<double>(read_words * 8) * iters / t_read * 1e-9;
+  state.counters["triad_GB_s"] = 3.0 * static_cast<double>(triad_n) * 8.0 * iters / t_triad * 1e-9;
+  state.counters["of_read_paired"] =
+      (t_read / static_cast<double>(read_words * 8)) / (t_step / bytes);
+  state.counters["of_triad_paired"] =
+      (t_triad / (3.0 * static_cast<double>(triad_n) * 8.0)) / (t_step / bytes);
+  state.counters["best_GB_s"] = bytes / best_step * 1e-9;
+  state.counters["of_read_best"] =
+      (best_read / static_cast<double>(read_words * 8)) / (best_step / bytes);
   state.counters["stream_read_GB_s"] = lim.read_gb_s;
-  state.counters["stream_triad_GB_s"] = lim.triad_gb_s;
-  state.counters["frac_read"] = benchmark::Counter(bytes * 1e-9 / lim.read_gb_s,
-                                                   benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["frac_triad"] = benchmark::Counter(bytes * 1e-9 / lim.triad_gb_s,
-                                                    benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["frac_read"] = gb_s / lim.read_gb_s;
+  state.counters["frac_triad"] = gb_s / lim.triad_gb_s;
+  state.counters["copies"] = copies;
   state.SetLabel(attnres_target_name());
 }
 
 BENCHMARK(BM_AttnResStep)
-    ->Args({9, 4096})
-    ->Args({5, 4096})
-    ->Args({2, 4096})
-    ->Args({9, 256})
+    ->ArgNames({"S", "T", "inplace"})
+    ->Args({9, 4096, 1})
+    ->Args({5, 4096, 1})
+    ->Args({2, 4096, 1})
+    ->Args({9, 256, 1})
+    ->Args({5, 256, 1})
+    ->Args({2, 256, 1})
+    ->Args({9, 4096, 0})
     ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace attnres::bench

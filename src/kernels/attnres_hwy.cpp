@@ -25,6 +25,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstdint>
 #include <cstring>
@@ -38,25 +39,64 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Software prefetch of the next token row of every stream into L2 (locality hint 1), spread
-// over this row's first passes. The hardware prefetcher, which stops at 4 KiB pages, does not
-// keep ~11 interleaved 14 KiB row streams ahead; measured ~20% faster at [4096, 7168].
+// Software prefetch of the next token's rows (of the same thread) into L2 (locality hint 1).
+// The hardware prefetcher, which stops at 4 KiB pages, does not keep ~11 interleaved 14 KiB row
+// streams ahead. The prefetches are paced over all four passes of the current row (Touch is
+// called with the work each loop iteration does), so memory stays busy while the row is mixed
+// and normalised, not only while it is first read; issuing them in a burst fills the core's miss
+// buffers and leaves memory idle for the rest of the row.
 constexpr int kPrefetchLocality = 1;
-HWY_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
-  const char* c = static_cast<const char*>(p) + offset;
-  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, kPrefetchLocality);
-}
+constexpr int64_t kLine = 64;
 
-// dot(v, q) over d columns: 4 lane accumulators, then the tail. `next` (may be null) is the
-// same source's next row, prefetched along the way.
+class Prefetcher {
+ public:
+  // Rows in order of first use by the next token; `work` is the sum of the Touch() units the
+  // current row's passes will report (the pacing denominator; an estimate is fine, Finish()
+  // issues whatever is left).
+  void Add(const void* row, int64_t bytes) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(kLine - 1);
+    const uintptr_t e = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes);
+    begin_[num_rows_] = reinterpret_cast<const char*>(b);
+    lines_[num_rows_] = static_cast<int64_t>((e - b + kLine - 1) / kLine);
+    total_ += lines_[num_rows_];
+    ++num_rows_;
+  }
+  void SetWork(int64_t work) { work_ = work > 0 ? work : 1; }
+  HWY_INLINE void Touch(int64_t units) {
+    credit_ += units * total_;
+    while (credit_ >= work_ && row_ < num_rows_) {
+      Issue();
+      credit_ -= work_;
+    }
+  }
+  void Finish() {
+    while (row_ < num_rows_) Issue();
+  }
+
+ private:
+  HWY_INLINE void Issue() {
+    __builtin_prefetch(begin_[row_] + line_ * kLine, 0, kPrefetchLocality);
+    if (++line_ == lines_[row_]) {
+      line_ = 0;
+      ++row_;
+    }
+  }
+  const char* begin_[kMaxAttnResSources + 1];
+  int64_t lines_[kMaxAttnResSources + 1];
+  int num_rows_ = 0, row_ = 0;
+  int64_t line_ = 0, total_ = 0, work_ = 1, credit_ = 0;
+};
+
+// dot(v, q) over d columns: 4 lane accumulators, then the tail. Touches pf with 1 unit per
+// column.
 template <typename T>
-HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = nullptr) {
+HWY_INLINE float Dot(const T* v, const float* q, int64_t d, Prefetcher& pf) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 4 * N <= d; j += 4 * N) {
-    if (next) PrefetchBytes(next, static_cast<size_t>(j) * sizeof(T), 4 * N * sizeof(T));
+    pf.Touch(4 * N);
     a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
     a1 = hn::MulAdd(LoadF(df, v + j + N), hn::LoadU(df, q + j + N), a1);
     a2 = hn::MulAdd(LoadF(df, v + j + 2 * N), hn::LoadU(df, q + j + 2 * N), a2);
@@ -72,10 +112,10 @@ HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = null
 // dot(rows[s], q) for up to kDotGroup bf16 rows in one pass over the columns: q is split into
 // its even and odd elements once per 2L columns (two shuffles, shared by every row) and each
 // row's 2L bf16 are split by a shift and a mask, so no row element is shuffled. One
-// accumulator per row, then the tail. next[s] (may be null) is prefetched along the way.
+// accumulator per row, then the tail. Touches pf with 1 unit per row element.
 constexpr int kDotGroup = 8;
-HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int count,
-                         const float* q, int64_t d, float* out) {
+HWY_INLINE void DotsBf16(const bf16* const* rows, int count, const float* q, int64_t d, float* out,
+                         Prefetcher& pf) {
   const DF df;
   const DU du;
   const hn::Repartition<uint16_t, DF> d16;
@@ -87,8 +127,8 @@ HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int c
   for (; j + 2 * N <= d; j += 2 * N) {
     const VF qa = hn::LoadU(df, q + j), qb = hn::LoadU(df, q + j + N);
     const VF qe = hn::ConcatEven(df, qb, qa), qo = hn::ConcatOdd(df, qb, qa);
+    pf.Touch(count * 2 * N);
     for (int s = 0; s < count; ++s) {
-      if (next[s]) __builtin_prefetch(next[s] + j, 0, kPrefetchLocality);
       const auto r =
           hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
       acc[s] = hn::MulAdd(hn::BitCast(df, hn::ShiftLeft<16>(r)), qe, acc[s]);
@@ -103,13 +143,15 @@ HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int c
 }
 #endif
 
+// sum(v^2) over d columns. Touches pf with 1 unit per column.
 template <typename T>
-HWY_INLINE float SumSq(const T* v, int64_t d) {
+HWY_INLINE float SumSq(const T* v, int64_t d, Prefetcher& pf) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 2 * N <= d; j += 2 * N) {
+    pf.Touch(2 * N);
     const VF x0 = LoadF(df, v + j), x1 = LoadF(df, v + j + N);
     a0 = hn::MulAdd(x0, x0, a0);
     a1 = hn::MulAdd(x1, x1, a1);
@@ -127,20 +169,21 @@ HWY_INLINE float SumSq(const T* v, int64_t d) {
 }
 
 // Pass 1 with the add: rs' = T(rs_in + pending) to rs_out (and commit when distinct), returning
-// sum(rs'^2) and, when wanted, dot(rs', q). Prefetches rs_in and pending `prefetch_stride`
-// elements ahead (the next row; 0 = none).
+// sum(rs'^2) and, when wanted, dot(rs', q). Touches pf with kAddWork units per column.
+// Pacing weights (Touch units per column, relative to one unit per column of a dot product):
+// the add, the mix's cast and store, and the norm (two casts) cost several dot columns each.
+constexpr int64_t kAddWork = 4;
+constexpr int64_t kMixExtraWork = 2;
+constexpr int64_t kNormWork = 3;
 template <typename T>
 HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
-                       int64_t d, float* sumsq, float* dot, int64_t prefetch_stride) {
+                       int64_t d, float* sumsq, float* dot, Prefetcher& pf) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF ss = hn::Zero(df), dq = hn::Zero(df);
   int64_t j = 0;
   for (; j + N <= d; j += N) {
-    if (prefetch_stride != 0 && (j * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
-      __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
-      __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
-    }
+    pf.Touch(kAddWork * N);
     const VF r = CastT<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
     StoreT(df, r, rs_out + j);
     if (commit) StoreT(df, r, commit + j);
@@ -161,142 +204,186 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
   *dot = p;
 }
 
+// One token row t of the step (passes 1-4 in the file comment). `next` is the row this thread
+// computes after this one (-1: none); its rows are prefetched while this one is computed.
 template <typename T>
-void StepImpl(const AttnResStepArgs<T>& a) {
+void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   const int64_t d = a.dim;
   const int n = a.num_sources();
-  assert(n >= 1 && n <= kMaxAttnResSources);
+  const bool add = a.rs_in != nullptr && a.pending != nullptr;
+  const bool scored = n > 1;
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t o = t * d;
+  float score[kMaxAttnResSources];
+  const T* rows[kMaxAttnResSources];
+
+  // The next row's sources in order of first use; the pacing work is the sum of the Touch()
+  // units below (pass 1, pass 2's slot dots, pass 3's mix with its cast and store, pass 4).
+  Prefetcher pf;
+  if (next >= 0) {
+    const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
+    const int64_t on = next * d;
+    if (a.rs_in) pf.Add(a.rs_in + on, row_bytes);
+    if (a.pending) pf.Add(a.pending + on, row_bytes);
+    if (scored) {
+      for (int s = 0; s < a.num_slots; ++s) pf.Add(a.slots[s] + on, row_bytes);
+    }
+    const int64_t pass1 = add ? kAddWork : (scored ? 2 : (a.commit ? 1 : 0));
+    const int64_t pass3 = n + kMixExtraWork;
+    pf.SetWork(d * (pass1 + (scored ? a.num_slots : 0) + pass3 + kNormWork));
+  }
+  // Pass 1: delayed add, commit, the running sum's statistics.
+  const T* rs;
+  float rs_sumsq = 0.0f, rs_dot = 0.0f;
+  if (add) {
+    T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
+    AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
+           &rs_sumsq, &rs_dot, pf);
+    rs = a.rs_out + o;
+  } else {
+    rs = (a.rs_in ? a.rs_in : a.pending) + o;
+    if (a.commit && a.commit + o != rs) {
+      std::memmove(a.commit + o, rs, static_cast<size_t>(d) * sizeof(T));
+    }
+    if (scored || a.commit) rs_sumsq = SumSq(rs, d, pf);
+    if (scored) rs_dot = Dot(rs, a.query, d, pf);
+  }
+  const float rs_inv_rms = attnres_inv_rms(rs_sumsq, d, a.res_eps);
+  if (a.commit) a.commit_inv_rms[t] = rs_inv_rms;
+
+  // Pass 2: scores and softmax.
+  for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
+  rows[a.num_slots] = rs;
+  if (scored) {
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+    if constexpr (std::is_same_v<T, bf16>) {
+      for (int s0 = 0; s0 < a.num_slots; s0 += kDotGroup) {
+        DotsBf16(rows + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d, score + s0, pf);
+      }
+    } else {
+      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
+    }
+#else
+    for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
+#endif
+    for (int s = 0; s < a.num_slots; ++s) score[s] *= a.slot_inv_rms[s][t];
+    score[a.num_slots] = rs_dot * rs_inv_rms;
+    attnres_softmax(score, n);
+  } else {
+    score[0] = 1.0f;
+  }
+
+  // Pass 3: mixture (cast to T) into out, and its sum of squares.
+  T* out = a.out + o;
+  T* raw = a.raw_mixture ? a.raw_mixture + o : nullptr;
+  VF ss = hn::Zero(df);
+  int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16>) {
+    // 2N bf16 per load, split into even and odd elements by a shift and a mask (no lane
+    // shuffle), mixed separately and packed back: same operations per element as below.
+    const DU du;
+    const hn::Repartition<uint16_t, DF> d16;
+    const auto hi_mask = hn::Set(du, 0xffff0000u);
+    VF ss_odd = hn::Zero(df);
+    for (; j + 2 * N <= d; j += 2 * N) {
+      pf.Touch((n + kMixExtraWork) * 2 * N);
+      auto raw_bits = [&](int s) {
+        return hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
+      };
+      const auto r0 = raw_bits(0);
+      const VF p0 = hn::Set(df, score[0]);
+      VF even = hn::Mul(p0, hn::BitCast(df, hn::ShiftLeft<16>(r0)));
+      VF odd = hn::Mul(p0, hn::BitCast(df, hn::And(r0, hi_mask)));
+      for (int s = 1; s < n; ++s) {
+        const auto r = raw_bits(s);
+        const VF ps = hn::Set(df, score[s]);
+        even = hn::Add(even, hn::Mul(ps, hn::BitCast(df, hn::ShiftLeft<16>(r))));
+        odd = hn::Add(odd, hn::Mul(ps, hn::BitCast(df, hn::And(r, hi_mask))));
+      }
+      const VF me = CastT<T>(df, even), mo = CastT<T>(df, odd);
+      const auto packed =
+          hn::Or(hn::And(hn::BitCast(du, mo), hi_mask), hn::ShiftRight<16>(hn::BitCast(du, me)));
+      hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(out + j));
+      if (raw) hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(raw + j));
+      ss = hn::MulAdd(me, me, ss);
+      ss_odd = hn::MulAdd(mo, mo, ss_odd);
+    }
+    ss = hn::Add(ss, ss_odd);
+  }
+#endif
+  for (; j + N <= d; j += N) {
+    pf.Touch((n + kMixExtraWork) * N);
+    VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
+    for (int s = 1; s < n; ++s) {
+      acc = hn::Add(acc, hn::Mul(hn::Set(df, score[s]), LoadF(df, rows[s] + j)));
+    }
+    const VF m = CastT<T>(df, acc);
+    StoreT(df, m, out + j);
+    if (raw) StoreT(df, m, raw + j);
+    ss = hn::MulAdd(m, m, ss);
+  }
+  float msq = hn::GetLane(hn::SumOfLanes(df, ss));
+  for (; j < d; ++j) {
+    float acc = score[0] * storage_to_f32(rows[0][j]);
+    for (int s = 1; s < n; ++s) {
+      const float term = score[s] * storage_to_f32(rows[s][j]);
+      acc = acc + term;
+    }
+    const T mt = f32_to_storage<T>(acc);
+    out[j] = mt;
+    if (raw) raw[j] = mt;
+    const float m = storage_to_f32(mt);
+    msq += m * m;
+  }
+
+  // Pass 4: RMSNorm in place.
+  const float inv = attnres_inv_rms(msq, d, a.norm_eps);
+  const VF vinv = hn::Set(df, inv);
+  j = 0;
+  for (; j + N <= d; j += N) {
+    pf.Touch(kNormWork * N);
+    const VF x = CastT<T>(df, hn::Mul(LoadF(df, out + j), vinv));
+    StoreT(df, CastT<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
+  }
+  for (; j < d; ++j) {
+    const float x = storage_to_f32(f32_to_storage<T>(storage_to_f32(out[j]) * inv));
+    out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
+  }
+  pf.Finish();
+}
+
+// Tokens are handed out in chunks of kChunk from a shared counter (a descheduled thread on a
+// shared machine holds back one chunk, not a fixed share). A thread claims its next chunk while
+// computing the last row of the current one, so that row can prefetch the next chunk's first
+// row. Each row is computed by one thread in a fixed order: results do not depend on the thread
+// count or on which thread takes a chunk.
+constexpr int64_t kChunk = 8;
+
+template <typename T>
+void StepImpl(const AttnResStepArgs<T>& a) {
+  assert(a.num_sources() >= 1 && a.num_sources() <= kMaxAttnResSources);
   assert(a.rs_in != nullptr || a.pending != nullptr);
   assert(!(a.rs_in && a.pending) || a.rs_out != nullptr);
   assert(a.commit == nullptr || a.commit_inv_rms != nullptr);
-  const bool add = a.rs_in != nullptr && a.pending != nullptr;
-  const bool scored = n > 1;
-
-#pragma omp parallel for schedule(dynamic, 8) if (a.tokens * d >= kAttnResParallelMinElements)
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const DF df;
-    const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-    const int64_t o = t * d;
-    float score[kMaxAttnResSources];
-    const T* rows[kMaxAttnResSources];
-
-    // Pass 1: delayed add, commit, the running sum's statistics.
-    const T* rs;
-    float rs_sumsq = 0.0f, rs_dot = 0.0f;
-    if (add) {
-      T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
-      AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
-             &rs_sumsq, &rs_dot, t + 1 < a.tokens ? d : 0);
-      rs = a.rs_out + o;
-    } else {
-      rs = (a.rs_in ? a.rs_in : a.pending) + o;
-      if (a.commit && a.commit + o != rs) {
-        std::memmove(a.commit + o, rs, static_cast<size_t>(d) * sizeof(T));
-      }
-      if (scored || a.commit) rs_sumsq = SumSq(rs, d);
-      if (scored) rs_dot = Dot(rs, a.query, d);
-    }
-    const float rs_inv_rms = attnres_inv_rms(rs_sumsq, d, a.res_eps);
-    if (a.commit) a.commit_inv_rms[t] = rs_inv_rms;
-
-    // Pass 2: scores and softmax.
-    for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
-    rows[a.num_slots] = rs;
-    if (scored) {
-      const T* next[kMaxAttnResSources];
-      for (int s = 0; s < a.num_slots; ++s) next[s] = t + 1 < a.tokens ? rows[s] + d : nullptr;
-#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
-      if constexpr (std::is_same_v<T, bf16>) {
-        for (int s0 = 0; s0 < a.num_slots; s0 += kDotGroup) {
-          DotsBf16(rows + s0, next + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d,
-                   score + s0);
+  const int64_t tokens = a.tokens;
+  std::atomic<int64_t> counter{0};
+#pragma omp parallel if (tokens * a.dim >= kAttnResParallelMinElements)
+  {
+    int64_t t = counter.fetch_add(kChunk, std::memory_order_relaxed);
+    while (t < tokens) {
+      const int64_t end = std::min(t + kChunk, tokens);
+      int64_t following = -1;  // first row of this thread's next chunk
+      for (; t < end; ++t) {
+        int64_t next = t + 1;
+        if (next == end) {
+          following = counter.fetch_add(kChunk, std::memory_order_relaxed);
+          next = following < tokens ? following : -1;
         }
-      } else {
-        for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, next[s]);
+        StepRow(a, t, next);
       }
-#else
-      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, next[s]);
-#endif
-      for (int s = 0; s < a.num_slots; ++s) score[s] *= a.slot_inv_rms[s][t];
-      score[a.num_slots] = rs_dot * rs_inv_rms;
-      attnres_softmax(score, n);
-    } else {
-      score[0] = 1.0f;
-    }
-
-    // Pass 3: mixture (cast to T) into out, and its sum of squares.
-    T* out = a.out + o;
-    T* raw = a.raw_mixture ? a.raw_mixture + o : nullptr;
-    VF ss = hn::Zero(df);
-    int64_t j = 0;
-#if HWY_TARGET != HWY_SCALAR
-    if constexpr (std::is_same_v<T, bf16>) {
-      // 2N bf16 per load, split into even and odd elements by a shift and a mask (no lane
-      // shuffle), mixed separately and packed back: same operations per element as below.
-      const DU du;
-      const hn::Repartition<uint16_t, DF> d16;
-      const auto hi_mask = hn::Set(du, 0xffff0000u);
-      VF ss_odd = hn::Zero(df);
-      for (; j + 2 * N <= d; j += 2 * N) {
-        auto raw_bits = [&](int s) {
-          return hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
-        };
-        const auto r0 = raw_bits(0);
-        const VF p0 = hn::Set(df, score[0]);
-        VF even = hn::Mul(p0, hn::BitCast(df, hn::ShiftLeft<16>(r0)));
-        VF odd = hn::Mul(p0, hn::BitCast(df, hn::And(r0, hi_mask)));
-        for (int s = 1; s < n; ++s) {
-          const auto r = raw_bits(s);
-          const VF ps = hn::Set(df, score[s]);
-          even = hn::Add(even, hn::Mul(ps, hn::BitCast(df, hn::ShiftLeft<16>(r))));
-          odd = hn::Add(odd, hn::Mul(ps, hn::BitCast(df, hn::And(r, hi_mask))));
-        }
-        const VF me = CastT<T>(df, even), mo = CastT<T>(df, odd);
-        const auto packed =
-            hn::Or(hn::And(hn::BitCast(du, mo), hi_mask), hn::ShiftRight<16>(hn::BitCast(du, me)));
-        hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(out + j));
-        if (raw) hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(raw + j));
-        ss = hn::MulAdd(me, me, ss);
-        ss_odd = hn::MulAdd(mo, mo, ss_odd);
-      }
-      ss = hn::Add(ss, ss_odd);
-    }
-#endif
-    for (; j + N <= d; j += N) {
-      VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
-      for (int s = 1; s < n; ++s) {
-        acc = hn::Add(acc, hn::Mul(hn::Set(df, score[s]), LoadF(df, rows[s] + j)));
-      }
-      const VF m = CastT<T>(df, acc);
-      StoreT(df, m, out + j);
-      if (raw) StoreT(df, m, raw + j);
-      ss = hn::MulAdd(m, m, ss);
-    }
-    float msq = hn::GetLane(hn::SumOfLanes(df, ss));
-    for (; j < d; ++j) {
-      float acc = score[0] * storage_to_f32(rows[0][j]);
-      for (int s = 1; s < n; ++s) {
-        const float term = score[s] * storage_to_f32(rows[s][j]);
-        acc = acc + term;
-      }
-      const T mt = f32_to_storage<T>(acc);
-      out[j] = mt;
-      if (raw) raw[j] = mt;
-      const float m = storage_to_f32(mt);
-      msq += m * m;
-    }
-
-    // Pass 4: RMSNorm in place.
-    const float inv = attnres_inv_rms(msq, d, a.norm_eps);
-    const VF vinv = hn::Set(df, inv);
-    j = 0;
-    for (; j + N <= d; j += N) {
-      const VF x = CastT<T>(df, hn::Mul(LoadF(df, out + j), vinv));
-      StoreT(df, CastT<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
-    }
-    for (; j < d; ++j) {
-      const float x = storage_to_f32(f32_to_storage<T>(storage_to_f32(out[j]) * inv));
-      out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
+      t = following;
     }
   }
 }
