@@ -493,20 +493,30 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, i
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
-// bf16 tokens with MXFP4 weights: per 32-element block of a row, the 16 E2M1 values times the
-// block's E8M0 scale (exact f32 products, as in Mxfp4Tile) are converted to bf16 (exact: at most
-// two significant bits, the f32 exponent range; except that vcvtne2ps2bf16 flushes the subnormal
-// products of scale bytes 0 and 1 to zero, as vdpbf16ps flushes subnormal inputs) and duplicated
-// into a 32-word table. Lane j needs the pair (w[2j], w[2j + 1]) = the low and high nibble of
-// packed byte j: with the byte zero-extended to 32 bits as d, the word index pair
-// d | (d << 12) has the low nibble in bits 0-3 of the low word (bit 4 may hold the high
-// nibble's low bit: vpermw reads 5 index bits, and the duplicated table makes it irrelevant)
-// and the high nibble in the high word. Lane j of the vdpbf16ps step then takes k = 32b + 2j + 1
-// and 32b + 2j of block b, blocks in increasing order.
+// bf16 tokens with MXFP4 weights, two 32-element blocks (b, b + 1) of a row at a time: the 16
+// E2M1 values times each block's E8M0 scale (exact f32 products, as in Mxfp4Tile) are converted
+// to bf16 (exact: at most two significant bits and the f32 exponent range; except that
+// vcvtne2ps2bf16 flushes the subnormal products of scale bytes 0 and 1 to zero, as vdpbf16ps
+// flushes subnormal inputs) into one 32-word table, block b's values in words 0-15 and block
+// b + 1's in words 16-31. The 32 packed bytes, zero-extended to words, index it: the low
+// nibble of byte i (element 2i of the pair of blocks) plus 16 for the second block gives the
+// even elements, the high nibble (element 2i + 1) the odd ones. The tokens' 64 bf16 values are
+// split the same way (even / odd elements, two vpermt2w shared by the NR rows). Lane j thus
+// takes, per pair of blocks, elements 4j + 2 and 4j (one vdpbf16ps), then 4j + 3 and 4j + 1;
+// an odd last block (K / 32 odd) is one more step with the single-block decode below.
+ATTNRES_BF16_DOT HWY_INLINE __m512i ScaledBf16Table(__m512 values, uint8_t s0, uint8_t s1) {
+  const __m512 t0 = _mm512_mul_ps(values, _mm512_set1_ps(kScales.v[s0]));
+  const __m512 t1 = _mm512_mul_ps(values, _mm512_set1_ps(kScales.v[s1]));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t1, t0));  // words 0-15: t0, 16-31: t1
+}
+
+// One block alone (the odd last block): lane j takes the pair (w[2j], w[2j + 1]) = the nibbles
+// of byte j. With the byte zero-extended to 32 bits as d, d | (d << 12) holds the low nibble in
+// the low word's index bits (bit 4 may hold the high nibble's low bit: the table holds the
+// block twice, so it is irrelevant) and the high nibble in the high word's.
 ATTNRES_BF16_DOT HWY_INLINE __m512bh DecodeBlockBf16(const uint8_t* HWY_RESTRICT p, uint8_t s,
                                                      __m512 values) {
-  const __m512 t = _mm512_mul_ps(values, _mm512_set1_ps(kScales.v[s]));
-  const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t, t));
+  const __m512i table = ScaledBf16Table(values, s, s);
   const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512i idx = _mm512_or_si512(d, _mm512_slli_epi32(d, 12));
   return reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, table));
@@ -519,11 +529,52 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, 
                                                 float* HWY_RESTRICT y, int64_t ldy) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
+  // Word i of the index vectors: 2i (even elements of the 64) / 2i + 1 (odd) for the tokens;
+  // 16 for the second block's half of the weight table.
+  alignas(64) static constexpr uint16_t kEvenIdx[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                        22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                        44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  alignas(64) static constexpr uint16_t kOddIdx[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                       23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                       45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  alignas(64) static constexpr uint16_t kSecond[32] = {0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
+                                                       0,  0,  0,  0,  0,  16, 16, 16, 16, 16, 16,
+                                                       16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
+  const __m512i even_idx = _mm512_load_si512(kEvenIdx), odd_idx = _mm512_load_si512(kOddIdx);
+  const __m512i second = _mm512_load_si512(kSecond), low4 = _mm512_set1_epi16(0x0f);
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < row_scales; ++b) {
-    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+  int64_t b = 0;
+  for (; b + 2 <= row_scales; b += 2) {
+    if constexpr (MR == 1) {
+      Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+      Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b + 1);
+    }
+    __m512bh we[NR], wo[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* sr = scale + (n0 + r) * row_scales + b;
+      const __m512i table = ScaledBf16Table(values, sr[0], sr[1]);
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(packed + (n0 + r) * row_bytes + b * 16)));
+      // (w & 0x0f) | second, and (w >> 4) | second (w < 256, so w >> 4 < 16)
+      const __m512i ie = _mm512_ternarylogic_epi32(w, low4, second, 0xEA);
+      const __m512i io = _mm512_or_si512(_mm512_srli_epi16(w, 4), second);
+      we[r] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(ie, table));
+      wo[r] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(io, table));
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512i x0 = _mm512_loadu_si512(x + m * K + b * kMxfp4BlockSize);
+      const __m512i x1 = _mm512_loadu_si512(x + m * K + b * kMxfp4BlockSize + 32);
+      const auto xe = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(x0, even_idx, x1));
+      const auto xo = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(x0, odd_idx, x1));
+      for (int r = 0; r < NR; ++r) {
+        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xe, we[r]);
+        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xo, wo[r]);
+      }
+    }
+  }
+  if (b < row_scales) {
     __m512bh wv[NR];
     for (int r = 0; r < NR; ++r)
       wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
