@@ -102,8 +102,9 @@ void SoftmaxInplace(float* s, int64_t n) {
 // Weighted row sums: out[m][c] (m < M, c in [c0, c0 + width)) = init + sum_{p in [p0, p1)}
 // coef[m * ldc + p] * X[p * ldx + c], increasing p, init = 0 (p0 == 0 and !accumulate) or out.
 template <int MR, int NV, class D, typename X>
-HWY_INLINE void RowSumTile(D d, const float* coef, int64_t ldc, const X* x, int64_t ldx, int64_t p0,
-                           int64_t p1, bool accumulate, float* out, int64_t ldo, int64_t c0) {
+HWY_INLINE void RowSumTile(D d, const float* coef, int64_t ldm, int64_t ldc, const X* x,
+                           int64_t ldx, int64_t p0, int64_t p1, bool accumulate, float* out,
+                           int64_t ldo, int64_t c0) {
   using V = hn::Vec<D>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   V acc[MR][NV];
@@ -114,7 +115,7 @@ HWY_INLINE void RowSumTile(D d, const float* coef, int64_t ldc, const X* x, int6
     V xv[NV];
     for (int v = 0; v < NV; ++v) xv[v] = LoadW(d, x + p * ldx + c0 + v * L);
     for (int m = 0; m < MR; ++m) {
-      const V a = hn::Set(d, coef[m * ldc + p]);
+      const V a = hn::Set(d, coef[m * ldm + p * ldc]);
       for (int v = 0; v < NV; ++v) acc[m][v] = hn::MulAdd(a, xv[v], acc[m][v]);
     }
   }
@@ -124,97 +125,176 @@ HWY_INLINE void RowSumTile(D d, const float* coef, int64_t ldc, const X* x, int6
 
 // Columns [c0, c1) of MR rows: full tiles, single vectors, then the ragged end.
 template <int MR, typename X>
-HWY_INLINE void RowSumColumns(const float* coef, int64_t ldc, const X* x, int64_t ldx, int64_t p0,
-                              int64_t p1, bool accumulate, float* out, int64_t ldo, int64_t c0,
-                              int64_t c1) {
+HWY_INLINE void RowSumColumns(const float* coef, int64_t ldm, int64_t ldc, const X* x, int64_t ldx,
+                              int64_t p0, int64_t p1, bool accumulate, float* out, int64_t ldo,
+                              int64_t c0, int64_t c1) {
   const DF d;
   const D1 d1;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   int64_t c = c0;
   for (; c + kNV * L <= c1; c += kNV * L)
-    RowSumTile<MR, kNV>(d, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+    RowSumTile<MR, kNV>(d, coef, ldm, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
   for (; c + L <= c1; c += L)
-    RowSumTile<MR, 1>(d, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
-  for (; c < c1; ++c) RowSumTile<MR, 1>(d1, coef, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+    RowSumTile<MR, 1>(d, coef, ldm, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
+  for (; c < c1; ++c)
+    RowSumTile<MR, 1>(d1, coef, ldm, ldc, x, ldx, p0, p1, accumulate, out, ldo, c);
 }
 
 // All M rows (tiles of kMR, then single rows).
 template <typename X>
-HWY_INLINE void RowSums(int64_t M, const float* coef, int64_t ldc, const X* x, int64_t ldx,
-                        int64_t p0, int64_t p1, bool accumulate, float* out, int64_t ldo,
-                        int64_t c0, int64_t c1) {
+HWY_INLINE void RowSums(int64_t M, const float* coef, int64_t ldm, int64_t ldc, const X* x,
+                        int64_t ldx, int64_t p0, int64_t p1, bool accumulate, float* out,
+                        int64_t ldo, int64_t c0, int64_t c1) {
   int64_t m = 0;
   for (; m + kMR <= M; m += kMR)
-    RowSumColumns<kMR>(coef + m * ldc, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0, c1);
+    RowSumColumns<kMR>(coef + m * ldm, ldm, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0,
+                       c1);
   for (; m < M; ++m)
-    RowSumColumns<1>(coef + m * ldc, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0, c1);
+    RowSumColumns<1>(coef + m * ldm, ldm, ldc, x, ldx, p0, p1, accumulate, out + m * ldo, ldo, c0,
+                     c1);
+}
+
+// Not inlined into callers with constant sizes (GCC 12 then reports a bogus overflow in the
+// row-remainder loop under -Waggressive-loop-optimizations).
+HWY_NOINLINE void RowSumsF32(int64_t M, const float* coef, int64_t ldm, int64_t ldc, const float* x,
+                             int64_t ldx, int64_t p0, int64_t p1, bool accumulate, float* out,
+                             int64_t ldo, int64_t c0, int64_t c1) {
+  RowSums(M, coef, ldm, ldc, x, ldx, p0, p1, accumulate, out, ldo, c0, c1);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scores of MQ query tokens (rows of q, stride ldq) against context rows j in [0, n):
-// s[t * lds + j] = (q_t . kv_j[0..nope) + q_t[nope..] . k_rot_j) * scale.
-template <int MQ>
-HWY_INLINE void ScoreRows(const float* q, int64_t ldq, const float* kv, int64_t ldkv,
-                          const float* k_rot, int64_t nope, int64_t rope, float scale, int64_t n,
-                          float* s, int64_t lds) {
-  const DF d;
+// Expanded attention, query tokens along the vector lanes. A block of NQ vectors of query tokens
+// (one token per lane) of head h: its queries are transposed onto the stack (QT [qw, W]), so a
+// score tile is NK keys x W tokens of accumulators fed by one query-vector load per dimension and
+// one broadcast key element per key (no cross-lane sums); scores, softmax and the causal mask
+// are then lane-wise over the block's transposed score rows ST [n_last, W], which live in the
+// scratch rows of the block's own tokens (W x N floats). A token's value follows the same
+// sequence whatever block it is in: s = (sum_d q_d k_d in increasing d) * scale; the softmax
+// max and sum run over j in increasing order; o sums p_j v_j in increasing j, where the masked
+// entries (j past the token's context, inside a block whose last token sees further) add exact
+// zeros.
+#if HWY_TARGET == HWY_AVX3
+constexpr int kNK = 8;  // keys per score tile: kNK x 2 query vectors = 16 accumulators
+#else
+constexpr int kNK = 4;           // 8 accumulators
+#endif
+constexpr int kExpandedNQ = 2;      // query vectors per full block
+constexpr int64_t kMaxQkDim = 576;  // nope + rope the stack transpose holds
+
+template <int NK, int NQ, class D>
+HWY_INLINE void ScoreTile(D d, const float* qt, int64_t W, const float* kh, int64_t ldk,
+                          const float* k_rot, int64_t nope, int64_t rope, float scale, int64_t j0,
+                          float* st) {
+  using V = hn::Vec<D>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t nf = nope / L * L, rf = rope / L * L;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = kv + j * ldkv;
-    const float* rj = k_rot + j * rope;
-    VF acc[MQ];
-    for (int t = 0; t < MQ; ++t) acc[t] = hn::Zero(d);
-    for (int64_t i = 0; i < nf; i += L) {
-      const VF kvv = hn::LoadU(d, kj + i);
-      for (int t = 0; t < MQ; ++t) acc[t] = hn::MulAdd(hn::LoadU(d, q + t * ldq + i), kvv, acc[t]);
+  V acc[NK][NQ];
+  for (int k = 0; k < NK; ++k)
+    for (int v = 0; v < NQ; ++v) acc[k][v] = hn::Zero(d);
+  for (int64_t i = 0; i < nope; ++i) {
+    V qv[NQ];
+    for (int v = 0; v < NQ; ++v) qv[v] = hn::LoadU(d, qt + i * W + v * L);
+    for (int k = 0; k < NK; ++k) {
+      const V kb = hn::Set(d, kh[(j0 + k) * ldk + i]);
+      for (int v = 0; v < NQ; ++v) acc[k][v] = hn::MulAdd(qv[v], kb, acc[k][v]);
     }
-    for (int64_t i = 0; i < rf; i += L) {
-      const VF kvv = hn::LoadU(d, rj + i);
-      for (int t = 0; t < MQ; ++t)
-        acc[t] = hn::MulAdd(hn::LoadU(d, q + t * ldq + nope + i), kvv, acc[t]);
+  }
+  for (int64_t i = 0; i < rope; ++i) {
+    V qv[NQ];
+    for (int v = 0; v < NQ; ++v) qv[v] = hn::LoadU(d, qt + (nope + i) * W + v * L);
+    for (int k = 0; k < NK; ++k) {
+      const V kb = hn::Set(d, k_rot[(j0 + k) * rope + i]);
+      for (int v = 0; v < NQ; ++v) acc[k][v] = hn::MulAdd(qv[v], kb, acc[k][v]);
     }
-    for (int t = 0; t < MQ; ++t) {
-      const float* qt = q + t * ldq;
-      float sum = hn::GetLane(hn::SumOfLanes(d, acc[t]));
-      for (int64_t i = nf; i < nope; ++i) sum += qt[i] * kj[i];
-      for (int64_t i = rf; i < rope; ++i) sum += qt[nope + i] * rj[i];
-      s[t * lds + j] = sum * scale;
+  }
+  const V vs = hn::Set(d, scale);
+  for (int k = 0; k < NK; ++k)
+    for (int v = 0; v < NQ; ++v) hn::StoreU(hn::Mul(acc[k][v], vs), d, st + (j0 + k) * W + v * L);
+}
+
+// Tokens [t0, t0 + NQ * Lanes(d)) of head h.
+template <int NQ, class D>
+HWY_INLINE void ExpandedLanes(D d, const MlaDims& dm, const float* q, int64_t T, const float* kv,
+                              const float* k_rot, int64_t N, int64_t h, int64_t t0, float* o,
+                              float* scratch) {
+  using V = hn::Vec<D>;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), W = NQ * L;
+  const int64_t P = N - T, qw = dm.nope + dm.rope, kvw = dm.nope + dm.v, H = dm.H;
+  const int64_t n_first = P + t0 + 1, n_last = P + t0 + W;  // contexts of the first/last token
+  HWY_ALIGN float qt[kMaxQkDim * kExpandedNQ * hn::MaxLanes(DF())];  // QT [qw, W]
+  for (int64_t t = 0; t < W; ++t)
+    for (int64_t i = 0; i < qw; ++i) qt[i * W + t] = q[((t0 + t) * H + h) * qw + i];
+  float* st = scratch + t0 * N;  // ST [n_last, W]: the block's W score rows, transposed
+  const float* kh = kv + h * kvw;
+  int64_t j = 0;
+  for (; j + kNK <= n_last; j += kNK)
+    ScoreTile<kNK, NQ>(d, qt, W, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale, j, st);
+  for (; j < n_last; ++j)
+    ScoreTile<1, NQ>(d, qt, W, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale, j, st);
+  // Softmax per lane over j < n_t = n_first + lane (rows j >= n_first are partly masked).
+  const hn::RebindToSigned<D> di;
+  const auto lane = hn::Iota(di, 0);
+  auto valid = [&](int64_t jj, int v) {  // lane t = v * L + lane valid iff j < n_first + t
+    return hn::RebindMask(d, hn::Gt(hn::Add(lane, hn::Set(di, static_cast<int32_t>(v * L))),
+                                    hn::Set(di, static_cast<int32_t>(jj - n_first))));
+  };
+  V mx[NQ], sum[NQ];
+  for (int v = 0; v < NQ; ++v) {
+    mx[v] = hn::Set(d, -std::numeric_limits<float>::infinity());
+    sum[v] = hn::Zero(d);
+  }
+  for (j = 0; j < n_last; ++j)
+    for (int v = 0; v < NQ; ++v) {
+      const V sv = hn::LoadU(d, st + j * W + v * L);
+      mx[v] =
+          j < n_first ? hn::Max(mx[v], sv) : hn::IfThenElse(valid(j, v), hn::Max(mx[v], sv), mx[v]);
     }
+  for (j = 0; j < n_last; ++j)
+    for (int v = 0; v < NQ; ++v) {
+      float* sp = st + j * W + v * L;
+      V e = hn::Exp(d, hn::Sub(hn::LoadU(d, sp), mx[v]));
+      if (j >= n_first) e = hn::IfThenElseZero(valid(j, v), e);
+      hn::StoreU(e, d, sp);
+      sum[v] = hn::Add(sum[v], e);
+    }
+  for (int v = 0; v < NQ; ++v) sum[v] = hn::Div(hn::Set(d, 1.0f), sum[v]);
+  for (j = 0; j < n_last; ++j)
+    for (int v = 0; v < NQ; ++v) {
+      float* sp = st + j * W + v * L;
+      hn::StoreU(hn::Mul(hn::LoadU(d, sp), sum[v]), d, sp);
+    }
+  // o_t = sum_j p_jt v_j: token rows t (coefficients st[j * W + t]) x v columns.
+  float* ob = o + (t0 * H + h) * dm.v;  // token t at ob + t * H * v
+  RowSumsF32(W, st, 1, W, kh + dm.nope, H * kvw, 0, n_last, false, ob, H * dm.v, 0, dm.v);
+}
+
+// Work item b of head h: full blocks of kExpandedNQ vectors, then single vectors, then single
+// tokens (1-lane vectors: the same per-lane sequence).
+void ExpandedItem(const MlaDims& dm, const float* q, int64_t T, const float* kv, const float* k_rot,
+                  int64_t N, int64_t h, int64_t b, float* o, float* scratch) {
+  const DF d;
+  const D1 d1;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), W = kExpandedNQ * L;
+  const int64_t full = T / W, singles = (T - full * W) / L;
+  if (b < full) {
+    ExpandedLanes<kExpandedNQ>(d, dm, q, T, kv, k_rot, N, h, b * W, o, scratch);
+  } else if (b < full + singles) {
+    ExpandedLanes<1>(d, dm, q, T, kv, k_rot, N, h, full * W + (b - full) * L, o, scratch);
+  } else {
+    ExpandedLanes<1>(d1, dm, q, T, kv, k_rot, N, h, full * W + singles * L + (b - full - singles),
+                     o, scratch);
   }
 }
 
-// Expanded attention for head h over the query tokens [t0, t0 + nt), nt <= kMR.
-void ExpandedBlock(const MlaDims& dm, const float* q, int64_t T, const float* kv,
-                   const float* k_rot, int64_t N, int64_t h, int64_t t0, int64_t nt, float* o,
-                   float* scratch) {
-  const int64_t P = N - T, qw = dm.nope + dm.rope, kvw = dm.nope + dm.v, H = dm.H;
-  const float* qb = q + (t0 * H + h) * qw;  // token t of the block at qb + t * H * qw
-  const float* kh = kv + h * kvw;           // context row j at kh + j * H * kvw
-  float* sb = scratch + t0 * N;             // [nt, N] score rows of the block
-  const int64_t n_first = P + t0 + 1, n_last = P + t0 + nt;  // contexts of the first/last token
-  // Scores up to the last token's context (entries past a token's own context are unused).
-  if (nt == kMR) {
-    ScoreRows<kMR>(qb, H * qw, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale, n_last, sb, N);
-  } else {
-    for (int64_t t = 0; t < nt; ++t)
-      ScoreRows<1>(qb + t * H * qw, H * qw, kh, H * kvw, k_rot, dm.nope, dm.rope, dm.scale,
-                   P + t0 + t + 1, sb + t * N, N);
-  }
-  for (int64_t t = 0; t < nt; ++t) SoftmaxInplace(sb + t * N, P + t0 + t + 1);
-  // o_t = sum_{j < n_ctx(t)} p_tj v_j: the common context in one tile, then each token's rest.
-  float* ob = o + (t0 * H + h) * dm.v;  // token t at ob + t * H * v
-  const float* vh = kh + dm.nope;
-  RowSums(nt, sb, N, vh, H * kvw, 0, n_first, false, ob, H * dm.v, 0, dm.v);
-  for (int64_t t = 1; t < nt; ++t)
-    RowSums(1, sb + t * N, N, vh, H * kvw, n_first, P + t0 + t + 1, true, ob + t * H * dm.v,
-            H * dm.v, 0, dm.v);
+int64_t ExpandedItems(int64_t T) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF())), W = kExpandedNQ * L;
+  const int64_t full = T / W, singles = (T - full * W) / L;
+  return full + singles + (T - full * W - singles * L);
 }
 
 // q_lat[h] = W_UK[h]^T q_nope[h] for one head (rows h * kvw + i of kv_b_proj, increasing i).
 template <typename W>
 void QLatHead(const MlaDims& dm, const float* qt, const W* w, float* ql) {
-  RowSums(1, qt, dm.nope, w, dm.r, 0, dm.nope, false, ql, dm.r, 0, dm.r);
+  RowSums(1, qt, dm.nope, 1, w, dm.r, 0, dm.nope, false, ql, dm.r, 0, dm.r);
 }
 void QLatHeadF32(const MlaDims& dm, const float* qt, const float* w, float* ql) {
   QLatHead(dm, qt, w, ql);
@@ -249,7 +329,7 @@ void OLatColumns(const float* p, int64_t H, int64_t n, const float* c_kv, int64_
                  int64_t c1, float* o_lat) {
   for (int64_t j0 = 0; j0 < n; j0 += kCtxBlock) {
     const int64_t j1 = std::min(n, j0 + kCtxBlock);
-    RowSums(H, p, n, c_kv, r, j0, j1, j0 > 0, o_lat, r, c0, c1);
+    RowSums(H, p, n, 1, c_kv, r, j0, j1, j0 > 0, o_lat, r, c0, c1);
   }
 }
 
@@ -264,30 +344,28 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attnres {
 
-HWY_EXPORT(ExpandedBlock);
+HWY_EXPORT(ExpandedItem);
+HWY_EXPORT(ExpandedItems);
 HWY_EXPORT(QLatHeadF32);
 HWY_EXPORT(QLatHeadBf16);
 HWY_EXPORT(HeadSoftmax);
 HWY_EXPORT(OLatColumns);
 HWY_EXPORT(ColumnBlockWidth);
 
-namespace {
-constexpr int64_t kQueryBlock = 4;  // tokens per expanded work item (the kernels' kMR)
-}  // namespace
-
 void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
                          const float* k_rot, int64_t N, float* o, float* scratch) {
-  const auto block = HWY_DYNAMIC_DISPATCH(ExpandedBlock);
-  const int64_t nqb = (T + kQueryBlock - 1) / kQueryBlock;
-  // Heads in turn, query blocks split over the threads; a block's score rows (scratch rows of
-  // its tokens) are used by one thread at a time (the loop's barrier separates heads).
+  if (d.nope + d.rope > HWY_NAMESPACE::kMaxQkDim) {  // beyond the stack transpose
+    mla_attend_expanded_ref(d, q, T, kv, k_rot, N, o, scratch);
+    return;
+  }
+  const auto item = HWY_DYNAMIC_DISPATCH(ExpandedItem);
+  const int64_t items = HWY_DYNAMIC_DISPATCH(ExpandedItems)(T);
+  // Heads in turn, the query blocks of a head split over the threads (each block's score rows
+  // are its own tokens' scratch rows); the loop's barrier separates heads.
 #pragma omp parallel if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
   for (int64_t h = 0; h < d.H; ++h) {
 #pragma omp for schedule(static, 1)
-    for (int64_t b = 0; b < nqb; ++b) {
-      const int64_t t0 = b * kQueryBlock;
-      block(d, q, T, kv, k_rot, N, h, t0, std::min(kQueryBlock, T - t0), o, scratch);
-    }
+    for (int64_t b = 0; b < items; ++b) item(d, q, T, kv, k_rot, N, h, b, o, scratch);
   }
 }
 
