@@ -1,14 +1,14 @@
 // causal_conv1d_silu and kda_gate (kda.h) with Highway runtime dispatch; scalar twins in
 // conv_gate.cpp (conv_gate.h).
 //
-// Convolution: a vector holds L consecutive channels. For each block of L channels the W - 1
-// previous inputs of every lane live in a small window (loaded from and written back to
-// `state`), and each token's pre-activation is accumulated as the twin does, from 0, adding
+// Convolution: channels are processed in tiles of kTileVecs vectors; within a tile, token by
+// token, each vector of channels accumulates its pre-activation as the twin does, from 0, adding
 // w[j] * window[j] for j = 0..W-1 with a separate multiply and add: this file is compiled with
 // -ffp-contract=off (CMakeLists.txt), so the pre-activation is bitwise the twin's; only SiLU
-// differs (Highway's Exp). The current input is read before the output is stored, so y may
-// alias x. The last block's missing lanes are zero-padded and never stored. W = 4 (Kimi-Linear
-// and Kimi-K3) has its own instantiation so the window can stay in registers.
+// differs (Highway's Exp). Each channel's last W inputs live in a small ring in L1 (loaded from
+// and written back to `state`), and the current input is read before the output is stored, so
+// y may alias x. Width 4 (Kimi-Linear and Kimi-K3) deinterleaves weights and state with
+// LoadInterleaved4/3.
 //
 // Gate: element-wise over [T, H, dk] with the twin's formulas and operation order; a = exp(a_log)
 // is the twin's scalar expf per head.
@@ -20,6 +20,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -34,59 +35,92 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// One block of m <= L channels starting at c0, all T tokens. kW > 0 fixes the width at compile
-// time; kW == 0 reads it from W.
-template <int kW>
-HWY_INLINE void ConvBlock(const float* x, int64_t T, int64_t C, int64_t c0, int64_t m,
-                          const float* weight, int W_runtime, float* state, float* y) {
+// Channels per tile: kTileVecs vectors (1 KiB of each token's row on AVX-512), so every token
+// row of a tile is read as one contiguous run and the tile's window and weights stay in L1.
+constexpr int64_t kTileVecs = 16;
+
+// One tile of m channels starting at c0 (all but the tile's last vector are full), all T
+// tokens. ring holds each channel's last W inputs: the input of token t goes to row t % W, so
+// token t's window, oldest first, is rows (t + 1 + j) % W, j = 0..W-1 (the last is t's own).
+// Before token 0, rows 1..W-1 hold `state` (oldest first); after token T-1 the new state is
+// rows (T + 1 + j) % W, j = 0..W-2. Padded lanes hold zeros and are never stored.
+HWY_INLINE void ConvTile(const float* x, int64_t T, int64_t C, int64_t c0, int64_t m,
+                         const float* weight, int W, float* state, float* y) {
   const DF d;
-  constexpr size_t kL = hn::MaxLanes(DF());
+  constexpr size_t kCap = kTileVecs * hn::MaxLanes(DF());
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const int W = kW > 0 ? kW : W_runtime;
   const int hist = W - 1;
-  // wt[j][lane] = weight[c0 + lane, j]; win[j][lane] = input j steps into the window (oldest
-  // first). Padded lanes hold zeros.
-  HWY_ALIGN float wt[kMaxConvWidth][kL] = {};
-  HWY_ALIGN float win[kMaxConvWidth][kL] = {};
-  for (int64_t l = 0; l < m; ++l) {
-    for (int j = 0; j < W; ++j) wt[j][l] = weight[(c0 + l) * W + j];
-    for (int j = 0; j < hist; ++j) win[j][l] = state[(c0 + l) * hist + j];
+  const int64_t nv = (m + L - 1) / L;
+  HWY_ALIGN float wt[kMaxConvWidth][kCap];    // wt[j][i] = weight[c0 + i, j]
+  HWY_ALIGN float ring[kMaxConvWidth][kCap];  // [W][tile]: the last W inputs
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t i0 = v * L;
+    if (W == 4 && i0 + L <= m) {  // Kimi's width: deinterleave [L, 4] and [L, 3] directly
+      VF w0, w1, w2, w3, s0, s1, s2;
+      hn::LoadInterleaved4(d, weight + (c0 + i0) * 4, w0, w1, w2, w3);
+      hn::LoadInterleaved3(d, state + (c0 + i0) * 3, s0, s1, s2);
+      hn::Store(w0, d, wt[0] + i0);
+      hn::Store(w1, d, wt[1] + i0);
+      hn::Store(w2, d, wt[2] + i0);
+      hn::Store(w3, d, wt[3] + i0);
+      hn::Store(s0, d, ring[1] + i0);
+      hn::Store(s1, d, ring[2] + i0);
+      hn::Store(s2, d, ring[3] + i0);
+      continue;
+    }
+    for (int64_t i = i0; i < i0 + L; ++i) {
+      const bool live = i < m;
+      for (int j = 0; j < W; ++j) {
+        wt[j][i] = live ? weight[(c0 + i) * W + j] : 0.0f;
+        ring[j][i] = 0.0f;
+      }
+      for (int j = 0; j < hist; ++j) ring[j + 1][i] = live ? state[(c0 + i) * hist + j] : 0.0f;
+    }
   }
   for (int64_t t = 0; t < T; ++t) {
-    const float* xt = x + t * C + c0;
-    float* yt = y + t * C + c0;
-    const VF cur = m == L ? hn::LoadU(d, xt) : LoadTail(d, xt, static_cast<size_t>(m));
-    VF acc = hn::Zero(d);
-    for (int j = 0; j < hist; ++j)
-      acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[j]), hn::Load(d, win[j])));
-    acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[hist]), cur));
-    const VF out = SiluVec(d, acc);
-    if (m == L) {
-      hn::StoreU(out, d, yt);
-    } else {
-      StoreTail(d, out, yt, static_cast<size_t>(m));
-    }
-    if (hist > 0) {
-      for (int j = 0; j + 1 < hist; ++j) hn::Store(hn::Load(d, win[j + 1]), d, win[j]);
-      hn::Store(cur, d, win[hist - 1]);
+    const float* win[kMaxConvWidth];
+    for (int j = 0; j < W; ++j) win[j] = ring[(t + 1 + j) % W];
+    float* cur_row = ring[t % W];
+    for (int64_t i0 = 0; i0 < m; i0 += L) {
+      const float* xt = x + t * C + c0 + i0;
+      float* yt = y + t * C + c0 + i0;
+      const bool full = i0 + L <= m;
+      const VF cur = full ? hn::LoadU(d, xt) : LoadTail(d, xt, static_cast<size_t>(m - i0));
+      hn::Store(cur, d, cur_row + i0);  // read before the (possibly aliased) store below
+      VF acc = hn::Zero(d);
+      for (int j = 0; j < hist; ++j)
+        acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[j] + i0), hn::Load(d, win[j] + i0)));
+      acc = hn::Add(acc, hn::Mul(hn::Load(d, wt[hist] + i0), cur));
+      const VF out = SiluVec(d, acc);
+      if (full) {
+        hn::StoreU(out, d, yt);
+      } else {
+        StoreTail(d, out, yt, static_cast<size_t>(m - i0));
+      }
     }
   }
-  for (int64_t l = 0; l < m; ++l)
-    for (int j = 0; j < hist; ++j) state[(c0 + l) * hist + j] = win[j][l];
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t i0 = v * L;
+    const float* r[kMaxConvWidth];
+    for (int j = 0; j < hist; ++j) r[j] = ring[(T + 1 + j) % W];
+    if (W == 4 && i0 + L <= m) {
+      hn::StoreInterleaved3(hn::Load(d, r[0] + i0), hn::Load(d, r[1] + i0), hn::Load(d, r[2] + i0),
+                            d, state + (c0 + i0) * 3);
+      continue;
+    }
+    for (int64_t i = i0; i < std::min(i0 + L, m); ++i)
+      for (int j = 0; j < hist; ++j) state[(c0 + i) * hist + j] = r[j][i];
+  }
 }
 
 void CausalConv1dSilu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                       float* state, float* y) {
-  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
-  const int64_t blocks = (C + L - 1) / L;
+  const int64_t tile = kTileVecs * static_cast<int64_t>(hn::Lanes(DF()));
+  const int64_t tiles = (C + tile - 1) / tile;
 #pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t c0 = b * L, m = C - c0 < L ? C - c0 : L;
-    if (W == 4) {
-      ConvBlock<4>(x, T, C, c0, m, weight, W, state, y);
-    } else {
-      ConvBlock<0>(x, T, C, c0, m, weight, W, state, y);
-    }
+  for (int64_t b = 0; b < tiles; ++b) {
+    const int64_t c0 = b * tile;
+    ConvTile(x, T, C, c0, std::min(tile, C - c0), weight, W, state, y);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <bit>
 #include <cassert>
 #include <cstdint>
 
@@ -61,10 +62,26 @@ void RouteTokens(const float* logits, const float* bias, int64_t T, int64_t E, i
     int64_t n = 0;
     HWY_ALIGN float lanes[hn::MaxLanes(DF())];
     // Offers experts [e, e + m), m <= L, whose biased scores are the first m lanes of bv.
+    // Once the list is full only lanes above the current k-th score can enter; they are
+    // offered in increasing lane order (Offer rechecks against the rising k-th score).
     auto offer_vector = [&](int64_t e, int64_t m, VF bv) {
-      if (n == K && hn::AllFalse(d, hn::Gt(bv, hn::Set(d, top[K - 1])))) return;
+      if (n < K) {
+        hn::Store(bv, d, lanes);
+        for (int64_t l = 0; l < m; ++l) Offer(e + l, lanes[l], K, n, top, it);
+        return;
+      }
+      const auto above = hn::Gt(bv, hn::Set(d, top[K - 1]));
+      if (hn::AllFalse(d, above)) return;
+      uint8_t mask_bytes[8] = {};
+      hn::StoreMaskBits(d, above, mask_bytes);
+      uint64_t bits = 0;  // bit l = lane l
+      for (int k = 0; k < 8; ++k) bits |= uint64_t{mask_bytes[k]} << (8 * k);
+      if (m < 64) bits &= (uint64_t{1} << m) - 1;
       hn::Store(bv, d, lanes);
-      for (int64_t l = 0; l < m; ++l) Offer(e + l, lanes[l], K, n, top, it);
+      for (; bits != 0; bits &= bits - 1) {
+        const int l = std::countr_zero(bits);
+        Offer(e + l, lanes[l], K, n, top, it);
+      }
     };
     int64_t e = 0;
     for (; e + L <= E; e += L) {

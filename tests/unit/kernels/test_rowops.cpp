@@ -397,9 +397,9 @@ constexpr int64_t kSiluUlps = 4;
 TEST(ConvGateFast, ConvMatchesTwin) {
   for_each_target([] {
     for (int64_t C : kLengths) {
-      if (C == 7168) continue;  // 1000 already covers long rows; keeps the ASan run short
       for (int W : {1, 2, 3, 4, 5}) {
         for (int64_t T : {1, 5, 33}) {
+          if (C == 7168 && (W != 4 || T == 33)) continue;  // keeps the ASan run short
           SCOPED_TRACE(testing::Message() << "C=" << C << " W=" << W << " T=" << T);
           std::vector<float> x = randn(T * C, static_cast<uint32_t>(C + W), 2.0f);
           std::vector<float> w = randn(C * W, static_cast<uint32_t>(C + 100), 0.7f);
