@@ -7,7 +7,9 @@
 //    (all of kv_b_proj, 24 MiB bf16). latent_GB_s = latent bytes / time, GB_s = (latent +
 //    weight bytes, each counted once) / time, frac_read = GB_s / STREAM read. Each call uses
 //    another layer's cache and weights, cycling through >= 3x the last-level cache (24 MLA
-//    layers hold 216 MiB of latents at N = 4096).
+//    layers hold 216 MiB of latents at N = 4096). With 96 heads the step is compute-bound in
+//    fact (~0.8 GFLOP per token at N = 4096, ~96 FLOPs per latent byte), so GFLOP_s and
+//    frac_fma_peak (against fma_peak_gflop_s()) are reported too.
 //  - BM_MlaPrefillExpanded: T = N = 512 query tokens (a prompt with no earlier context), keys
 //    and values expanded [N, 96, 256] f32. Compute-bound: GFLOP/s counts 2 FLOPs per causal
 //    multiply-add (scores over nope + rope, weighted values over v), frac_fma_peak divides by
@@ -86,6 +88,17 @@ void BM_MlaDecodeAbsorbed(benchmark::State& state) {
   state.counters["stream_read_GB_s"] = lim.read_gb_s;
   state.counters["frac_read"] =
       benchmark::Counter(gb / lim.read_gb_s, benchmark::Counter::kIsIterationInvariantRate);
+  // With 96 heads the step is in fact compute-bound: 2 H N (r + rope) multiply-adds for the
+  // scores and 2 H N r for o_lat, plus 2 H r (nope + v) for the absorbed projections.
+  const double gflop = 2.0 * static_cast<double>(H) *
+                       (static_cast<double>(N) * static_cast<double>(2 * r + rope) +
+                        static_cast<double>(r) * static_cast<double>(kDims.nope + kDims.v)) *
+                       1e-9;
+  const double peak = fma_peak_gflop_s();
+  state.counters["GFLOP_s"] =
+      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["frac_fma_peak"] =
+      benchmark::Counter(gflop / peak, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(impl_label(ref));
 }
 

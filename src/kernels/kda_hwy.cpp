@@ -81,6 +81,10 @@ HWY_INLINE void MulSpan(const float* x, const float* e, int64_t n, float* out) {
   for (; i < n; ++i) hn::StoreU(hn::Mul(hn::LoadU(d1, x + i), hn::LoadU(d1, e + i)), d1, out + i);
 }
 
+HWY_INLINE int64_t VecLanes() {
+  return static_cast<int64_t>(hn::Lanes(DF()));
+}
+
 // y[i] += a * x[i]
 HWY_INLINE void Axpy(float a, const float* x, float* y, int64_t n) {
   const DF d;
@@ -318,8 +322,14 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
     // Forward substitution, rows become those of (I - A_strict)^-1 - I: row c += A[c][m] row m
     // for m increasing, so entry i gets its terms m = i + 1 .. c - 1 in the twin's order (A[c][m]
     // is still the original value when used: only later m touch entries left of m).
+    // The axpy may run on to a whole number of vectors while that stays inside the chunk's L
+    // columns: row m is zero from its diagonal on, so the extra entries of row c get exact zeros.
+    const int64_t lanes = VecLanes();
     for (int64_t c = 2; c < L; ++c)
-      for (int64_t m = 1; m < c; ++m) Axpy(A[c * C + m], A + m * C, A + c * C, m);
+      for (int64_t m = 1; m < c; ++m) {
+        const int64_t padded = (m + lanes - 1) / lanes * lanes;
+        Axpy(A[c * C + m], A + m * C, A + c * C, padded <= L ? padded : m);
+      }
     // T = (A + I) diag(beta) in place (upper triangle stays zero).
     for (int64_t c = 0; c < L; ++c) {
       float* Ac = A + c * C;

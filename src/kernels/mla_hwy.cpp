@@ -4,12 +4,13 @@
 // f32 rounding; tests/unit/kernels/test_kda_mla.cpp bounds the difference on every target.
 //
 // Numerics (fixed per-element order, depending only on the sizes and the target):
-//  - A score is one dot product: lane accumulators over the full vectors of q_nope . k_nope and
-//    then of q_rot . k_rot (fused multiply-adds, increasing index), summed across lanes by the
-//    target's SumOfLanes, then the ragged ends of nope and rope added one term at a time; times
-//    the scale. (Absorbed decode keeps matmul_batch for the scores, see matmul_hwy.cpp.)
-//  - Softmax: the max, then exp(s - max) lane-wise with Highway's Exp (<= 1 ulp), summed in
-//    lane accumulators + SumOfLanes + the ragged end in order, then multiplied by 1 / sum.
+//  - Expanded: a score is sum_d q_d k_d over the nope then the rope dimensions in increasing d,
+//    one fused multiply-add per term in the token's own lane (query tokens lie along the vector
+//    lanes, see ExpandedLanes), times the scale. Absorbed decode keeps matmul_batch for the
+//    scores (the order documented in matmul_hwy.cpp).
+//  - Softmax: the max, then exp(s - max) with Highway's Exp (<= 1 ulp), summed (absorbed: lane
+//    accumulators + SumOfLanes + the ragged end in order; expanded: per token lane in increasing
+//    j), then multiplied by 1 / sum.
 //  - Weighted sums over context rows (o = sum_j p_j v_j, o_lat = sum_j p_j c_kv_j, q_lat =
 //    sum_i q_i W_UK[i]) are lane-wise along the contiguous dimension: each output column
 //    accumulates its terms in increasing row index with one fused multiply-add each, whether it
@@ -23,7 +24,7 @@
 // over column blocks of c_kv (one per thread's share) and walked in blocks of context rows that
 // stay in L1 while every head's accumulators pass over them, instead of once per head.
 // Expanded prefill walks one head at a time (its keys and values, [n_ctx, nope + v], stay in
-// L2) over blocks of query tokens whose scores share each key load.
+// L2) over blocks of 2 vectors of query tokens; each key element loaded feeds 2 vector FMAs.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/mla_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
