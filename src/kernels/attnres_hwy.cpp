@@ -1,11 +1,12 @@
 // Fused AttnRes step (attnres.h) with Highway runtime dispatch (one copy per compiled target,
 // chosen once per process; no -march flags).
 //
-// Per token row (OpenMP over rows in dynamic chunks of 8, so a descheduled thread on a shared
-// machine holds back little; one thread computes a whole row in a fixed order, so the result
-// does not depend on the thread count or on which thread takes a chunk):
+// Per token row (OpenMP threads take chunks of 8 rows from a shared counter, so a descheduled
+// thread on a shared machine holds back little; one thread computes a whole row in a fixed
+// order, so the result does not depend on the thread count or on which thread takes a chunk):
 //   pass 1  rs' = T(rs_in + pending), stored to rs_out (and to the commit slot when it is other
-//           storage); accumulates sum(rs'^2) and dot(rs', q)
+//           storage); accumulates sum(rs'^2) and dot(rs', q). In bf16 two vectors of columns
+//           are stored together through one shuffle (same accumulation order).
 //   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
 //           then scores, softmax (attnres_softmax, shared with the reference). In bf16, up
 //           to 8 slots share one pass over q (DotsBf16).
@@ -13,9 +14,17 @@
 //           reference), stored to out; accumulates sum(m^2). In bf16 the columns are taken
 //           2L at a time as even and odd elements (a shift and a mask instead of a widening
 //           shuffle), the same operations per element.
-//   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place
+//   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place; elementwise, so in bf16
+//           also on even and odd elements (the gain split by two shuffles).
 // Passes 2-4 re-read the row from L1/L2 (at most 9 x d elements per row), so main memory sees
-// each source row once per read.
+// each source row once per read. While a source's row t is read (passes 1 and 2), the same
+// source's row for this thread's next token is prefetched; a thread claims its next chunk
+// while on the last row of the current one so that the prefetch crosses chunk boundaries.
+//
+// Speed (bench/attnres_read_bench.cpp): the step is close to compute-bound on one core (the
+// casts of passes 1, 3 and 4 dominate at d = 7168), so the elementwise work is kept lean: T()
+// is Round() below (bit-exact with CastT, fewer operations) and bf16 rows are loaded and stored
+// 2L at a time.
 //
 // Reductions (dot, sum of squares) use 4 x L lane accumulators with fused multiply-add, combined
 // in a fixed order, then the scalar tail; their order depends only on (d, target).
@@ -39,64 +48,55 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Software prefetch of the next token's rows (of the same thread) into L2 (locality hint 1).
-// The hardware prefetcher, which stops at 4 KiB pages, does not keep ~11 interleaved 14 KiB row
-// streams ahead. The prefetches are paced over all four passes of the current row (Touch is
-// called with the work each loop iteration does), so memory stays busy while the row is mixed
-// and normalised, not only while it is first read; issuing them in a burst fills the core's miss
-// buffers and leaves memory idle for the rest of the row.
+// Software prefetch of the next token row of every stream into L2 (locality hint 1), spread
+// over this row's first passes. The hardware prefetcher, which stops at 4 KiB pages, does not
+// keep ~11 interleaved 14 KiB row streams ahead; measured ~20% faster at [4096, 7168].
 constexpr int kPrefetchLocality = 1;
-constexpr int64_t kLine = 64;
+HWY_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
+  const char* c = static_cast<const char*>(p) + offset;
+  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, kPrefetchLocality);
+}
 
-class Prefetcher {
- public:
-  // Rows in order of first use by the next token; `work` is the sum of the Touch() units the
-  // current row's passes will report (the pacing denominator; an estimate is fine, Finish()
-  // issues whatever is left).
-  void Add(const void* row, int64_t bytes) {
-    const uintptr_t b = reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(kLine - 1);
-    const uintptr_t e = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes);
-    begin_[num_rows_] = reinterpret_cast<const char*>(b);
-    lines_[num_rows_] = static_cast<int64_t>((e - b + kLine - 1) / kLine);
-    total_ += lines_[num_rows_];
-    ++num_rows_;
-  }
-  void SetWork(int64_t work) { work_ = work > 0 ? work : 1; }
-  HWY_INLINE void Touch(int64_t units) {
-    credit_ += units * total_;
-    while (credit_ >= work_ && row_ < num_rows_) {
-      Issue();
-      credit_ -= work_;
-    }
-  }
-  void Finish() {
-    while (row_ < num_rows_) Issue();
-  }
-
- private:
-  HWY_INLINE void Issue() {
-    __builtin_prefetch(begin_[row_] + line_ * kLine, 0, kPrefetchLocality);
-    if (++line_ == lines_[row_]) {
-      line_ = 0;
-      ++row_;
-    }
-  }
-  const char* begin_[kMaxAttnResSources + 1];
-  int64_t lines_[kMaxAttnResSources + 1];
-  int num_rows_ = 0, row_ = 0;
-  int64_t line_ = 0, total_ = 0, work_ = 1, credit_ = 0;
-};
-
-// dot(v, q) over d columns: 4 lane accumulators, then the tail. Touches pf with 1 unit per
-// column.
+// T(x) kept in f32, bit-exact with CastT (bf16_hwy-inl.h) and f32_to_bf16 (round to nearest
+// even; NaN quieted) in fewer operations: the NaN test is one unordered compare and the final
+// mask is applied once to the selected value.
 template <typename T>
-HWY_INLINE float Dot(const T* v, const float* q, int64_t d, Prefetcher& pf) {
+HWY_INLINE VF Round(DF df, VF v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const DU du;
+    const auto u = hn::BitCast(du, v);
+    const auto rounded =
+        hn::Add(u, hn::Add(hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)), hn::Set(du, 0x7fffu)));
+    const auto quiet = hn::Or(u, hn::Set(du, 0x00400000u));
+    const auto sel = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+    return hn::BitCast(df, hn::And(sel, hn::Set(du, 0xffff0000u)));
+  } else {
+    (void)df;
+    return v;
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// Stores 2N bf16 from two rounded vectors holding columns [0, N) and [N, 2N) in their high
+// halves: one two-source shuffle instead of two narrowing stores.
+HWY_INLINE void StorePair(DF df, VF lo, VF hi, bf16* p) {
+  (void)df;
+  const hn::Repartition<uint16_t, DF> d16;
+  hn::StoreU(hn::ConcatOdd(d16, hn::BitCast(d16, hi), hn::BitCast(d16, lo)), d16,
+             reinterpret_cast<uint16_t*>(p));
+}
+#endif
+
+// dot(v, q) over d columns: 4 lane accumulators, then the tail. `next` (may be null) is the
+// same source's next row, prefetched along the way.
+template <typename T>
+HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = nullptr) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 4 * N <= d; j += 4 * N) {
-    pf.Touch(4 * N);
+    if (next) PrefetchBytes(next, static_cast<size_t>(j) * sizeof(T), 4 * N * sizeof(T));
     a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
     a1 = hn::MulAdd(LoadF(df, v + j + N), hn::LoadU(df, q + j + N), a1);
     a2 = hn::MulAdd(LoadF(df, v + j + 2 * N), hn::LoadU(df, q + j + 2 * N), a2);
@@ -112,10 +112,10 @@ HWY_INLINE float Dot(const T* v, const float* q, int64_t d, Prefetcher& pf) {
 // dot(rows[s], q) for up to kDotGroup bf16 rows in one pass over the columns: q is split into
 // its even and odd elements once per 2L columns (two shuffles, shared by every row) and each
 // row's 2L bf16 are split by a shift and a mask, so no row element is shuffled. One
-// accumulator per row, then the tail. Touches pf with 1 unit per row element.
+// accumulator per row, then the tail. next[s] (may be null) is prefetched along the way.
 constexpr int kDotGroup = 8;
-HWY_INLINE void DotsBf16(const bf16* const* rows, int count, const float* q, int64_t d, float* out,
-                         Prefetcher& pf) {
+HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int count,
+                         const float* q, int64_t d, float* out) {
   const DF df;
   const DU du;
   const hn::Repartition<uint16_t, DF> d16;
@@ -127,8 +127,8 @@ HWY_INLINE void DotsBf16(const bf16* const* rows, int count, const float* q, int
   for (; j + 2 * N <= d; j += 2 * N) {
     const VF qa = hn::LoadU(df, q + j), qb = hn::LoadU(df, q + j + N);
     const VF qe = hn::ConcatEven(df, qb, qa), qo = hn::ConcatOdd(df, qb, qa);
-    pf.Touch(count * 2 * N);
     for (int s = 0; s < count; ++s) {
+      if (next[s]) __builtin_prefetch(next[s] + j, 0, kPrefetchLocality);
       const auto r =
           hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
       acc[s] = hn::MulAdd(hn::BitCast(df, hn::ShiftLeft<16>(r)), qe, acc[s]);
@@ -143,15 +143,13 @@ HWY_INLINE void DotsBf16(const bf16* const* rows, int count, const float* q, int
 }
 #endif
 
-// sum(v^2) over d columns. Touches pf with 1 unit per column.
 template <typename T>
-HWY_INLINE float SumSq(const T* v, int64_t d, Prefetcher& pf) {
+HWY_INLINE float SumSq(const T* v, int64_t d) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 2 * N <= d; j += 2 * N) {
-    pf.Touch(2 * N);
     const VF x0 = LoadF(df, v + j), x1 = LoadF(df, v + j + N);
     a0 = hn::MulAdd(x0, x0, a0);
     a1 = hn::MulAdd(x1, x1, a1);
@@ -169,22 +167,41 @@ HWY_INLINE float SumSq(const T* v, int64_t d, Prefetcher& pf) {
 }
 
 // Pass 1 with the add: rs' = T(rs_in + pending) to rs_out (and commit when distinct), returning
-// sum(rs'^2) and, when wanted, dot(rs', q). Touches pf with kAddWork units per column.
-// Pacing weights (Touch units per column, relative to one unit per column of a dot product):
-// the add, the mix's cast and store, and the norm (two casts) cost several dot columns each.
-constexpr int64_t kAddWork = 4;
-constexpr int64_t kMixExtraWork = 2;
-constexpr int64_t kNormWork = 3;
+// sum(rs'^2) and, when wanted, dot(rs', q). Prefetches rs_in and pending `prefetch_stride`
+// elements ahead (the next row; 0 = none).
 template <typename T>
 HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
-                       int64_t d, float* sumsq, float* dot, Prefetcher& pf) {
+                       int64_t d, float* sumsq, float* dot, int64_t prefetch_stride) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF ss = hn::Zero(df), dq = hn::Zero(df);
   int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Two vectors per iteration, accumulated in the same order as the loop below (column block
+    // j, then j + N, into the same accumulators), stored together.
+    for (; j + 2 * N <= d; j += 2 * N) {
+      if (prefetch_stride != 0) {
+        __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
+        __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
+      }
+      const VF ra = Round<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
+      const VF rb = Round<T>(df, hn::Add(LoadF(df, rs_in + j + N), LoadF(df, pending + j + N)));
+      StorePair(df, ra, rb, rs_out + j);
+      if (commit) StorePair(df, ra, rb, commit + j);
+      ss = hn::MulAdd(ra, ra, ss);
+      if (q) dq = hn::MulAdd(ra, hn::LoadU(df, q + j), dq);
+      ss = hn::MulAdd(rb, rb, ss);
+      if (q) dq = hn::MulAdd(rb, hn::LoadU(df, q + j + N), dq);
+    }
+  }
+#endif
   for (; j + N <= d; j += N) {
-    pf.Touch(kAddWork * N);
-    const VF r = CastT<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
+    if (prefetch_stride != 0 && (j * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
+      __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
+      __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
+    }
+    const VF r = Round<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
     StoreT(df, r, rs_out + j);
     if (commit) StoreT(df, r, commit + j);
     ss = hn::MulAdd(r, r, ss);
@@ -205,7 +222,8 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
 }
 
 // One token row t of the step (passes 1-4 in the file comment). `next` is the row this thread
-// computes after this one (-1: none); its rows are prefetched while this one is computed.
+// computes after this one (-1: none); each source's row `next` is prefetched while the same
+// source's row t is read.
 template <typename T>
 void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   const int64_t d = a.dim;
@@ -215,39 +233,25 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t o = t * d;
+  const int64_t stride = next >= 0 ? (next - t) * d : 0;  // elements to the next row; 0: none
   float score[kMaxAttnResSources];
   const T* rows[kMaxAttnResSources];
 
-  // The next row's sources in order of first use; the pacing work is the sum of the Touch()
-  // units below (pass 1, pass 2's slot dots, pass 3's mix with its cast and store, pass 4).
-  Prefetcher pf;
-  if (next >= 0) {
-    const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
-    const int64_t on = next * d;
-    if (a.rs_in) pf.Add(a.rs_in + on, row_bytes);
-    if (a.pending) pf.Add(a.pending + on, row_bytes);
-    if (scored) {
-      for (int s = 0; s < a.num_slots; ++s) pf.Add(a.slots[s] + on, row_bytes);
-    }
-    const int64_t pass1 = add ? kAddWork : (scored ? 2 : (a.commit ? 1 : 0));
-    const int64_t pass3 = n + kMixExtraWork;
-    pf.SetWork(d * (pass1 + (scored ? a.num_slots : 0) + pass3 + kNormWork));
-  }
   // Pass 1: delayed add, commit, the running sum's statistics.
   const T* rs;
   float rs_sumsq = 0.0f, rs_dot = 0.0f;
   if (add) {
     T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
     AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
-           &rs_sumsq, &rs_dot, pf);
+           &rs_sumsq, &rs_dot, stride);
     rs = a.rs_out + o;
   } else {
     rs = (a.rs_in ? a.rs_in : a.pending) + o;
     if (a.commit && a.commit + o != rs) {
       std::memmove(a.commit + o, rs, static_cast<size_t>(d) * sizeof(T));
     }
-    if (scored || a.commit) rs_sumsq = SumSq(rs, d, pf);
-    if (scored) rs_dot = Dot(rs, a.query, d, pf);
+    if (scored || a.commit) rs_sumsq = SumSq(rs, d);
+    if (scored) rs_dot = Dot(rs, a.query, d);
   }
   const float rs_inv_rms = attnres_inv_rms(rs_sumsq, d, a.res_eps);
   if (a.commit) a.commit_inv_rms[t] = rs_inv_rms;
@@ -256,16 +260,19 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
   rows[a.num_slots] = rs;
   if (scored) {
+    const T* nexts[kMaxAttnResSources];
+    for (int s = 0; s < a.num_slots; ++s) nexts[s] = stride != 0 ? rows[s] + stride : nullptr;
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
     if constexpr (std::is_same_v<T, bf16>) {
       for (int s0 = 0; s0 < a.num_slots; s0 += kDotGroup) {
-        DotsBf16(rows + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d, score + s0, pf);
+        DotsBf16(rows + s0, nexts + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d,
+                 score + s0);
       }
     } else {
-      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
+      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, nexts[s]);
     }
 #else
-    for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
+    for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, nexts[s]);
 #endif
     for (int s = 0; s < a.num_slots; ++s) score[s] *= a.slot_inv_rms[s][t];
     score[a.num_slots] = rs_dot * rs_inv_rms;
@@ -288,7 +295,6 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
     const auto hi_mask = hn::Set(du, 0xffff0000u);
     VF ss_odd = hn::Zero(df);
     for (; j + 2 * N <= d; j += 2 * N) {
-      pf.Touch((n + kMixExtraWork) * 2 * N);
       auto raw_bits = [&](int s) {
         return hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
       };
@@ -302,9 +308,9 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
         even = hn::Add(even, hn::Mul(ps, hn::BitCast(df, hn::ShiftLeft<16>(r))));
         odd = hn::Add(odd, hn::Mul(ps, hn::BitCast(df, hn::And(r, hi_mask))));
       }
-      const VF me = CastT<T>(df, even), mo = CastT<T>(df, odd);
-      const auto packed =
-          hn::Or(hn::And(hn::BitCast(du, mo), hi_mask), hn::ShiftRight<16>(hn::BitCast(du, me)));
+      // Rounded values have zero low halves: the odd ones are already in place.
+      const VF me = Round<T>(df, even), mo = Round<T>(df, odd);
+      const auto packed = hn::Or(hn::BitCast(du, mo), hn::ShiftRight<16>(hn::BitCast(du, me)));
       hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(out + j));
       if (raw) hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(raw + j));
       ss = hn::MulAdd(me, me, ss);
@@ -314,12 +320,11 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   }
 #endif
   for (; j + N <= d; j += N) {
-    pf.Touch((n + kMixExtraWork) * N);
     VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
     for (int s = 1; s < n; ++s) {
       acc = hn::Add(acc, hn::Mul(hn::Set(df, score[s]), LoadF(df, rows[s] + j)));
     }
-    const VF m = CastT<T>(df, acc);
+    const VF m = Round<T>(df, acc);
     StoreT(df, m, out + j);
     if (raw) StoreT(df, m, raw + j);
     ss = hn::MulAdd(m, m, ss);
@@ -342,16 +347,32 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   const float inv = attnres_inv_rms(msq, d, a.norm_eps);
   const VF vinv = hn::Set(df, inv);
   j = 0;
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Elementwise: 2N bf16 as even and odd elements (shift and mask), the gain split likewise.
+    const DU du;
+    const hn::Repartition<uint16_t, DF> d16;
+    const auto hi_mask = hn::Set(du, 0xffff0000u);
+    for (; j + 2 * N <= d; j += 2 * N) {
+      const auto r = hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(out + j)));
+      const VF ga = hn::LoadU(df, a.norm_weight + j), gb = hn::LoadU(df, a.norm_weight + j + N);
+      const VF ge = hn::ConcatEven(df, gb, ga), go = hn::ConcatOdd(df, gb, ga);
+      const VF xe = Round<T>(df, hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(r)), vinv));
+      const VF xo = Round<T>(df, hn::Mul(hn::BitCast(df, hn::And(r, hi_mask)), vinv));
+      const VF ye = Round<T>(df, hn::Mul(xe, ge)), yo = Round<T>(df, hn::Mul(xo, go));
+      const auto packed = hn::Or(hn::BitCast(du, yo), hn::ShiftRight<16>(hn::BitCast(du, ye)));
+      hn::StoreU(hn::BitCast(d16, packed), d16, reinterpret_cast<uint16_t*>(out + j));
+    }
+  }
+#endif
   for (; j + N <= d; j += N) {
-    pf.Touch(kNormWork * N);
-    const VF x = CastT<T>(df, hn::Mul(LoadF(df, out + j), vinv));
-    StoreT(df, CastT<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
+    const VF x = Round<T>(df, hn::Mul(LoadF(df, out + j), vinv));
+    StoreT(df, Round<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
   }
   for (; j < d; ++j) {
     const float x = storage_to_f32(f32_to_storage<T>(storage_to_f32(out[j]) * inv));
     out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
   }
-  pf.Finish();
 }
 
 // Tokens are handed out in chunks of kChunk from a shared counter (a descheduled thread on a
@@ -374,7 +395,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
     int64_t t = counter.fetch_add(kChunk, std::memory_order_relaxed);
     while (t < tokens) {
       const int64_t end = std::min(t + kChunk, tokens);
-      int64_t following = -1;  // first row of this thread's next chunk
+      int64_t following = tokens;  // first row of this thread's next chunk
       for (; t < end; ++t) {
         int64_t next = t + 1;
         if (next == end) {
