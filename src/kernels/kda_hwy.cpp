@@ -33,6 +33,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 
@@ -461,6 +462,10 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                  int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk, float* state,
                  float* o, float* scratch) {
   const int64_t per_head = kda_chunk_scratch_floats(1, chunk, dk, dv);
+  // The per-head layout of KdaChunkedHead (the twin's, minus its accumulator row) must fit.
+  const int64_t nb = (chunk + HWY_NAMESPACE::kSubBlock - 1) / HWY_NAMESPACE::kSubBlock;
+  assert(per_head >= chunk * (4 * dk + chunk + dv + 1) + dk + nb * (chunk * dk + 1));
+  (void)nb;
   const auto head = HWY_DYNAMIC_DISPATCH(KdaChunkedHead);
 #pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h)
