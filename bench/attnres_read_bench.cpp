@@ -11,8 +11,9 @@
 // Each iteration times, back to back and so under the same machine state (the machine is
 // shared): the step on one of `copies` data sets (rotated so that the data of one call is not in
 // the 32 MiB L3 at the next), then a STREAM read pass (kernels/stream_probe.h) over a buffer of
-// the same byte count, then a STREAM triad (a = b + s c, f64, counted as 3 arrays by the STREAM
-// convention) over three arrays of a third of the byte count each. Counters:
+// the same byte count (a window of a larger buffer, rotated likewise), then a STREAM triad (a = b +
+// s c, f64, counted as 3 arrays by the STREAM convention) over three arrays of a third of the byte
+// count each. Counters:
 //   GB_s             bytes / mean step time
 //   of_read_paired   mean read-pass time / mean step time (same bytes): the fraction of the
 //                    STREAM read bandwidth the step reaches; of_triad_paired likewise for triad
@@ -119,16 +120,21 @@ void BM_AttnResStep(benchmark::State& state) {
   for (int c = 0; c < copies; ++c) {
     make_step_data(data[static_cast<size_t>(c)], S, T, inplace, query, gain, 100 + c);
   }
-  // Paired STREAM buffers: `bytes` to read; three arrays of bytes / 3 for the triad.
+  // Paired STREAM buffers: windows of `bytes` to read, and three arrays of bytes / 3 for the
+  // triad, `windows` of each, so that a window was last touched at least 2x the last-level
+  // cache earlier (a read of 18-44 MB at T = 256 would otherwise partly hit the 32 MiB L3).
   const size_t read_words = static_cast<size_t>(bytes) / 8;
-  std::vector<uint64_t> read_buf(read_words, 0x3ff0000000000000ull);  // [read_words]
   const int64_t triad_n = static_cast<int64_t>(bytes / 3.0 / 8.0);
-  std::vector<double> ta(static_cast<size_t>(triad_n), 0.0), tb(ta.size(), 1.0),
-      tc(ta.size(), 2.0);  // [triad_n] each
+  const int windows = std::max(
+      2, static_cast<int>(2.0 * static_cast<double>(last_level_cache_bytes()) / bytes) + 2);
+  std::vector<uint64_t> read_buf(read_words * static_cast<size_t>(windows),
+                                 0x3ff0000000000000ull);  // [windows, read_words]
+  std::vector<double> ta(static_cast<size_t>(triad_n * windows), 0.0), tb(ta.size(), 1.0),
+      tc(ta.size(), 2.0);  // [windows, triad_n] each
 
   double t_step = 0.0, t_read = 0.0, t_triad = 0.0;
   double best_step = 1e30, best_read = 1e30;
-  int c = 0;
+  int c = 0, w = 0;
   for (auto _ : state) {
     const AttnResStepArgs<bf16>& a = data[static_cast<size_t>(c)].args;
     const double ts = seconds_of([&] { attnres_step(a); });
@@ -137,14 +143,17 @@ void BM_AttnResStep(benchmark::State& state) {
     best_step = std::min(best_step, ts);
     benchmark::ClobberMemory();
     const double tr = seconds_of([&] {
-      benchmark::DoNotOptimize(
-          stream_read_pass(reinterpret_cast<const std::byte*>(read_buf.data()), read_words * 8, 0));
+      benchmark::DoNotOptimize(stream_read_pass(
+          reinterpret_cast<const std::byte*>(read_buf.data() + w * read_words), read_words * 8, 0));
     });
     t_read += tr;
     best_read = std::min(best_read, tr);
-    t_triad += seconds_of([&] { stream_triad(ta.data(), tb.data(), tc.data(), triad_n); });
+    const int64_t o = w * triad_n;
+    t_triad +=
+        seconds_of([&] { stream_triad(ta.data() + o, tb.data() + o, tc.data() + o, triad_n); });
     benchmark::ClobberMemory();
     c = (c + 1) % copies;
+    w = (w + 1) % windows;
   }
   const double iters = static_cast<double>(state.iterations());
   const double gb_s = bytes * iters / t_step * 1e-9;
