@@ -53,7 +53,11 @@ constexpr int kMR = 4, kNV = 4;  // 16 accumulators of 32 registers
 #else
 constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
 #endif
-constexpr int kRecNV = 4;  // recurrent column block: kRecNV vectors (2 x kRecNV accumulators)
+#if HWY_TARGET == HWY_AVX3
+constexpr int kRecNV = 8;  // recurrent column block: kRecNV vectors (2 x kRecNV accumulators)
+#else
+constexpr int kRecNV = 4;
+#endif
 
 // out[i] = exp(x[i] - y[i]) (y may be null: exp(x[i])), vector Exp, tail in 1-lane vectors.
 template <class D>
