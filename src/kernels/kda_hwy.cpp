@@ -159,21 +159,37 @@ HWY_INLINE void MatTile(D d, const MatArgs& g, int64_t m0, int64_t j0, int64_t P
   }
 }
 
-template <int MR>
+// Columns of MR rows: tiles of NV vectors, then of 2 and 1 vectors, then the ragged end.
+template <int MR, int NV>
 HWY_INLINE void MatRows(const MatArgs& g, int64_t m0, int64_t P) {
   const DF d;
   const D1 d1;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   int64_t j = 0;
-  for (; j + kNV * L <= g.n; j += kNV * L) MatTile<MR, kNV>(d, g, m0, j, P);
+  for (; j + NV * L <= g.n; j += NV * L) MatTile<MR, NV>(d, g, m0, j, P);
+  if constexpr (NV > 2)
+    for (; j + 2 * L <= g.n; j += 2 * L) MatTile<MR, 2>(d, g, m0, j, P);
   for (; j + L <= g.n; j += L) MatTile<MR, 1>(d, g, m0, j, P);
   for (; j < g.n; ++j) MatTile<MR, 1>(d1, g, m0, j, P);
 }
 
+// Narrow products (n <= 2 vectors: the A / Aqk rows of a sub-block) use taller tiles, so each
+// B vector loaded feeds more rows. Tile shapes never change a value, only which registers hold it.
+#if HWY_TARGET == HWY_AVX3
+constexpr int kNarrowMR = 8, kNarrowNV = 2;  // 16 accumulators
+#else
+constexpr int kNarrowMR = 8, kNarrowNV = 1;  // 8 accumulators
+#endif
+
 void MatAcc(const MatArgs& g) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  auto rows_P = [&g](int64_t m, int64_t rows) { return g.causal ? std::min(g.P, m + rows) : g.P; };
   int64_t m = 0;
-  for (; m + kMR <= g.M; m += kMR) MatRows<kMR>(g, m, g.causal ? std::min(g.P, m + kMR) : g.P);
-  for (; m < g.M; ++m) MatRows<1>(g, m, g.causal ? std::min(g.P, m + 1) : g.P);
+  if (g.n <= kNarrowNV * L)
+    for (; m + kNarrowMR <= g.M; m += kNarrowMR)
+      MatRows<kNarrowMR, kNarrowNV>(g, m, rows_P(m, kNarrowMR));
+  for (; m + kMR <= g.M; m += kMR) MatRows<kMR, kNV>(g, m, rows_P(m, kMR));
+  for (; m < g.M; ++m) MatRows<1, kNV>(g, m, rows_P(m, 1));
 }
 
 // ---------------------------------------------------------------------------------------------
