@@ -8,8 +8,11 @@
 // Bytes per call count what the kernel must move: every input read once and every output
 // written once (f32; gains bf16), as STREAM counts its arrays. Each call is timed (wall clock):
 // best_GB_s = bytes / fastest call (the robust number on a shared machine, as STREAM's own
-// best-of), GB_s = bytes / mean call; frac_triad / frac_read = best_GB_s over this machine's
-// STREAM triad / read bandwidth (bench_limits.h, best of its passes, same process). Calls whose
+// best-of), GB_s = bytes / mean call; frac_triad = best_GB_s / this machine's STREAM triad
+// bandwidth, frac_read = the input bytes alone per fastest call / STREAM read bandwidth
+// (bench_limits.h, best of its passes, same process). A core's reads are what saturates first:
+// an in-place kernel moves as many bytes out as in (no write-allocate reads, unlike triad's
+// output), so its frac_triad can pass 1 while frac_read <= ~1. Calls whose
 // data is below a quarter of the last-level cache (T = 1) run on hot buffers, as in a decode step
 // where the previous kernel just wrote them: their fraction of STREAM can exceed 1 and says little;
 // larger calls (T = 512) cycle through copies of their buffers spanning >= 3x the LLC, so every
@@ -54,12 +57,13 @@ struct Cycled {
 int64_t copies_for(int64_t bytes_per_call) {
   const int64_t llc = static_cast<int64_t>(last_level_cache_bytes());
   if (bytes_per_call < llc / 4) return 1;
-  return std::max<int64_t>(4, (3 * llc + bytes_per_call - 1) / bytes_per_call);
+  return std::max<int64_t>(4, (8 * llc + bytes_per_call - 1) / bytes_per_call);
 }
 
 // Runs `call(c)` for c = 0, 1, ... once per iteration, timing each call, and sets the counters.
 template <class Call>
-void run(benchmark::State& state, double bytes_per_call, bool fast, const Call& call) {
+void run(benchmark::State& state, double bytes_per_call, double read_bytes, bool fast,
+         const Call& call) {
   double best = 1e30;
   int64_t c = 0;
   for (auto _ : state) {
@@ -77,7 +81,7 @@ void run(benchmark::State& state, double bytes_per_call, bool fast, const Call& 
       benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["best_GB_s"] = best_gb_s;
   state.counters["frac_triad"] = best_gb_s / lim.triad_gb_s;
-  state.counters["frac_read"] = best_gb_s / lim.read_gb_s;
+  state.counters["frac_read"] = read_bytes / best * 1e-9 / lim.read_gb_s;
   state.counters["stream_triad_GB_s"] = lim.triad_gb_s;
   state.SetLabel(fast ? "fast" : "ref");
 }
@@ -104,11 +108,12 @@ void BM_RowsRmsNorm(benchmark::State& state) {
   const int64_t T = state.range(0), n = T * kHidden;
   const bool fast = state.range(1) == 0;
   const double bytes = 2.0 * static_cast<double>(n) * 4 + kHidden * 2;
+  const double reads = static_cast<double>(n) * 4 + kHidden * 2;  // x, gain
   const int64_t copies = copies_for(static_cast<int64_t>(bytes));
   Cycled x(n, copies, 1), y(n, copies, 2);
   const std::vector<bf16> g = bf16_gain(kHidden, 3);
   const TensorView gv = gain_view(g);
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? rms_norm : rms_norm_ref)(x.at(c), T, kHidden, gv, 1e-5f, true, y.at(c));
   });
 }
@@ -118,8 +123,9 @@ void BM_RowsL2Norm(benchmark::State& state) {
   const int64_t T = state.range(0), n = T * kChannels;
   const bool fast = state.range(1) == 0;
   const double bytes = 2.0 * static_cast<double>(n) * 4;
+  const double reads = static_cast<double>(n) * 4;  // x (rewritten in place)
   Cycled x(n, copies_for(static_cast<int64_t>(bytes)), 4);
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? l2_norm : l2_norm_ref)(x.at(c), T * kHeads, kHeadDim, 1e-6f, 0.0883883f, x.at(c));
   });
 }
@@ -129,11 +135,12 @@ void BM_RowsGatedRmsNorm(benchmark::State& state) {
   const int64_t T = state.range(0), n = T * kChannels;
   const bool fast = state.range(1) == 0;
   const double bytes = 3.0 * static_cast<double>(n) * 4 + kHeadDim * 2;
+  const double reads = 2.0 * static_cast<double>(n) * 4 + kHeadDim * 2;  // o, gate, gain
   const int64_t copies = copies_for(static_cast<int64_t>(bytes));
   Cycled o(n, copies, 5), gate(n, copies, 6, 3.0f);
   const std::vector<bf16> g = bf16_gain(kHeadDim, 7);
   const TensorView gv = gain_view(g);
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? gated_rms_norm : gated_rms_norm_ref)(o.at(c), gate.at(c), T * kHeads, kHeadDim, gv,
                                                  1e-5f, true, o.at(c));
   });
@@ -145,14 +152,18 @@ void BM_RowsRouter(benchmark::State& state) {
   const bool fast = state.range(3) == 0;
   const double bytes = 2.0 * static_cast<double>(T * E) * 4 + static_cast<double>(E) * 4 +
                        static_cast<double>(T * K) * 8;
-  const int64_t copies = copies_for(static_cast<int64_t>(bytes));
+  const double reads = static_cast<double>(T * E) * 4 + static_cast<double>(E) * 4;
+  // At least 1024 distinct tokens per cycle: the selection branches on the scores, and on a
+  // repeated token the branch predictor would learn them.
+  const int64_t copies =
+      std::max(copies_for(static_cast<int64_t>(bytes)), std::max<int64_t>(4, 1024 / T));
   Cycled logits(T * E, copies, 8, 2.0f), scratch(T * E, copies, 9), bias(E, 1, 10, 0.05f);
   std::vector<int32_t> ids(static_cast<size_t>(T * K));
   std::vector<float> w(static_cast<size_t>(T * K));
   RouterOptions opt;
   opt.top_k = K;
   opt.scaling = 2.5f;
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? route_sigmoid_topk : route_sigmoid_topk_ref)(logits.at(c), bias.at(0), T, E, opt,
                                                          ids.data(), w.data(), scratch.at(c));
   });
@@ -164,9 +175,10 @@ void BM_RowsConv(benchmark::State& state) {
   const bool fast = state.range(1) == 0;
   const double bytes =
       2.0 * static_cast<double>(n) * 4 + kChannels * (kConvWidth + 2 * (kConvWidth - 1)) * 4.0;
+  const double reads = static_cast<double>(n) * 4 + kChannels * (2 * kConvWidth - 1) * 4.0;
   Cycled x(n, copies_for(static_cast<int64_t>(bytes)), 11, 0.3f);
   Cycled w(kChannels * kConvWidth, 1, 12, 0.5f), st(kChannels * (kConvWidth - 1), 1, 13, 0.3f);
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? causal_conv1d_silu : causal_conv1d_silu_ref)(x.at(c), T, kChannels, w.at(0), kConvWidth,
                                                          st.at(0), x.at(c));
   });
@@ -177,9 +189,10 @@ void BM_RowsKdaGate(benchmark::State& state) {
   const int64_t T = state.range(0), n = T * kChannels;
   const bool fast = state.range(1) == 0;
   const double bytes = 2.0 * static_cast<double>(n) * 4 + kChannels * 4.0;
+  const double reads = static_cast<double>(n) * 4 + kChannels * 4.0;  // f, dt_bias
   Cycled f(n, copies_for(static_cast<int64_t>(bytes)), 14, 2.0f);
   Cycled dt(kChannels, 1, 15, 0.5f), a_log(kHeads, 1, 16, 0.5f);
-  run(state, bytes, fast, [&](int64_t c) {
+  run(state, bytes, reads, fast, [&](int64_t c) {
     (fast ? kda_gate : kda_gate_ref)(f.at(c), T, kHeads, kHeadDim, a_log.at(0), dt.at(0),
                                      std::optional<float>(-5.0f), f.at(c));
   });
@@ -190,9 +203,10 @@ void BM_RowsSiluMul(benchmark::State& state) {
   const int64_t T = state.range(0), n = T * 3072;
   const bool fast = state.range(1) == 0;
   const double bytes = 3.0 * static_cast<double>(n) * 4;
+  const double reads = 2.0 * static_cast<double>(n) * 4;  // gate, up
   const int64_t copies = copies_for(static_cast<int64_t>(bytes));
   Cycled g(n, copies, 17, 3.0f), u(n, copies, 18), out(n, copies, 19);
-  run(state, bytes, fast,
+  run(state, bytes, reads, fast,
       [&](int64_t c) { (fast ? silu_mul : silu_mul_ref)(g.at(c), u.at(c), n, false, out.at(c)); });
 }
 
