@@ -17,9 +17,9 @@
 //   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place; elementwise, so in bf16
 //           also on even and odd elements (the gain split by two shuffles).
 // Passes 2-4 re-read the row from L1/L2 (at most 9 x d elements per row), so main memory sees
-// each source row once per read. While a source's row t is read (passes 1 and 2), the same
-// source's row for this thread's next token is prefetched; a thread claims its next chunk
-// while on the last row of the current one so that the prefetch crosses chunk boundaries.
+// each source row once per read. While row t is computed, the rows of every source two tokens
+// ahead (in this thread's order, across chunk boundaries) are prefetched, paced over all four
+// passes (Prefetcher), so memory stays busy while the row is mixed and normalised.
 //
 // Speed (bench/attnres_read_bench.cpp): the step is close to compute-bound on one core (the
 // casts of passes 1, 3 and 4 dominate at d = 7168), so the elementwise work is kept lean: T()
@@ -48,14 +48,56 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Software prefetch of the next token row of every stream into L2 (locality hint 1), spread
-// over this row's first passes. The hardware prefetcher, which stops at 4 KiB pages, does not
-// keep ~11 interleaved 14 KiB row streams ahead; measured ~20% faster at [4096, 7168].
+// Software prefetch into L2 (locality hint 1) of this thread's row two tokens ahead, every
+// source, paced over all four passes of the current row: Touch() is called with the work each
+// loop iteration does (in units of one dot-product column) and issues the share of the lines
+// that work has earned. Measured against prefetching each source's next row while its current
+// row is read (passes 1 and 2 only, which leaves memory idle during passes 3 and 4) and against
+// issuing all lines at once (which fills the miss buffers and stalls the compute): one thread,
+// [1024, 7168] bf16, S = 9, CPU-time best-of: 13.9-15.2 GB/s per-stream, 15.7-16.2 paced one
+// row ahead, 16.1-16.4 paced two rows ahead. The hardware prefetcher, which stops at 4 KiB
+// pages, does not keep ~11 interleaved 14 KiB row streams ahead on its own.
 constexpr int kPrefetchLocality = 1;
-HWY_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
-  const char* c = static_cast<const char*>(p) + offset;
-  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, kPrefetchLocality);
-}
+constexpr int kPrefetchRowsAhead = 2;
+
+class Prefetcher {
+ public:
+  // Adds a source row of `bytes` bytes (all rows the same length).
+  void Add(const void* row, int64_t bytes) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(63);
+    const uintptr_t e = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes);
+    begin_[num_rows_] = reinterpret_cast<const char*>(b);
+    lines_ = std::max(lines_, static_cast<int64_t>((e - b + 63) / 64));
+    ++num_rows_;
+    total_ = lines_ * num_rows_;
+  }
+  // `work`: the Touch() units the current row's passes will report in all (an estimate;
+  // Finish() issues whatever is left).
+  void SetWork(int64_t work) { work_ = work > 0 ? work : 1; }
+  HWY_INLINE void Touch(int64_t units) {
+    credit_ += units * total_;
+    while (credit_ >= work_ && line_ < lines_) {
+      Issue();
+      credit_ -= work_;
+    }
+  }
+  void Finish() {
+    while (line_ < lines_) Issue();
+  }
+
+ private:
+  // Line `line_` of every row, then the next line: the order passes 2 and 3 read the rows in.
+  HWY_INLINE void Issue() {
+    __builtin_prefetch(begin_[row_] + line_ * 64, 0, kPrefetchLocality);
+    if (++row_ == num_rows_) {
+      row_ = 0;
+      ++line_;
+    }
+  }
+  const char* begin_[kMaxAttnResSources + 1];
+  int num_rows_ = 0, row_ = 0;
+  int64_t lines_ = 0, line_ = 0, total_ = 0, work_ = 1, credit_ = 0;
+};
 
 // T(x) kept in f32, bit-exact with CastT (bf16_hwy-inl.h) and f32_to_bf16 (round to nearest
 // even; NaN quieted) in fewer operations: the NaN test is one unordered compare and the final
@@ -87,16 +129,15 @@ HWY_INLINE void StorePair(DF df, VF lo, VF hi, bf16* p) {
 }
 #endif
 
-// dot(v, q) over d columns: 4 lane accumulators, then the tail. `next` (may be null) is the
-// same source's next row, prefetched along the way.
+// dot(v, q) over d columns: 4 lane accumulators, then the tail. Touches pf (1 unit a column).
 template <typename T>
-HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = nullptr) {
+HWY_INLINE float Dot(const T* v, const float* q, int64_t d, Prefetcher& pf) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + 4 * N <= d; j += 4 * N) {
-    if (next) PrefetchBytes(next, static_cast<size_t>(j) * sizeof(T), 4 * N * sizeof(T));
+    pf.Touch(4 * N);
     a0 = hn::MulAdd(LoadF(df, v + j), hn::LoadU(df, q + j), a0);
     a1 = hn::MulAdd(LoadF(df, v + j + N), hn::LoadU(df, q + j + N), a1);
     a2 = hn::MulAdd(LoadF(df, v + j + 2 * N), hn::LoadU(df, q + j + 2 * N), a2);
@@ -112,10 +153,10 @@ HWY_INLINE float Dot(const T* v, const float* q, int64_t d, const T* next = null
 // dot(rows[s], q) for up to kDotGroup bf16 rows in one pass over the columns: q is split into
 // its even and odd elements once per 2L columns (two shuffles, shared by every row) and each
 // row's 2L bf16 are split by a shift and a mask, so no row element is shuffled. One
-// accumulator per row, then the tail. next[s] (may be null) is prefetched along the way.
+// accumulator per row, then the tail. Touches pf (1 unit a row element).
 constexpr int kDotGroup = 8;
-HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int count,
-                         const float* q, int64_t d, float* out) {
+HWY_INLINE void DotsBf16(const bf16* const* rows, int count, const float* q, int64_t d, float* out,
+                         Prefetcher& pf) {
   const DF df;
   const DU du;
   const hn::Repartition<uint16_t, DF> d16;
@@ -127,8 +168,8 @@ HWY_INLINE void DotsBf16(const bf16* const* rows, const bf16* const* next, int c
   for (; j + 2 * N <= d; j += 2 * N) {
     const VF qa = hn::LoadU(df, q + j), qb = hn::LoadU(df, q + j + N);
     const VF qe = hn::ConcatEven(df, qb, qa), qo = hn::ConcatOdd(df, qb, qa);
+    pf.Touch(count * 2 * N);
     for (int s = 0; s < count; ++s) {
-      if (next[s]) __builtin_prefetch(next[s] + j, 0, kPrefetchLocality);
       const auto r =
           hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
       acc[s] = hn::MulAdd(hn::BitCast(df, hn::ShiftLeft<16>(r)), qe, acc[s]);
@@ -167,11 +208,16 @@ HWY_INLINE float SumSq(const T* v, int64_t d) {
 }
 
 // Pass 1 with the add: rs' = T(rs_in + pending) to rs_out (and commit when distinct), returning
-// sum(rs'^2) and, when wanted, dot(rs', q). Prefetches rs_in and pending `prefetch_stride`
-// elements ahead (the next row; 0 = none).
+// sum(rs'^2) and, when wanted, dot(rs', q). Touches pf (kAddWork units a column).
+// Pacing weights (Touch units a column, one unit being a column of a dot product): the add
+// with its cast and store, the mix's cast and store, and the norm's two casts.
+constexpr int64_t kAddWork = 4;
+constexpr int64_t kMixExtraWork = 2;
+constexpr int64_t kNormWork = 3;
+
 template <typename T>
 HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
-                       int64_t d, float* sumsq, float* dot, int64_t prefetch_stride) {
+                       int64_t d, float* sumsq, float* dot, Prefetcher& pf) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   VF ss = hn::Zero(df), dq = hn::Zero(df);
@@ -181,10 +227,7 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
     // Two vectors per iteration, accumulated in the same order as the loop below (column block
     // j, then j + N, into the same accumulators), stored together.
     for (; j + 2 * N <= d; j += 2 * N) {
-      if (prefetch_stride != 0) {
-        __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
-        __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
-      }
+      pf.Touch(2 * kAddWork * N);
       const VF ra = Round<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
       const VF rb = Round<T>(df, hn::Add(LoadF(df, rs_in + j + N), LoadF(df, pending + j + N)));
       StorePair(df, ra, rb, rs_out + j);
@@ -197,10 +240,7 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
   }
 #endif
   for (; j + N <= d; j += N) {
-    if (prefetch_stride != 0 && (j * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
-      __builtin_prefetch(rs_in + j + prefetch_stride, 0, kPrefetchLocality);
-      __builtin_prefetch(pending + j + prefetch_stride, 0, kPrefetchLocality);
-    }
+    pf.Touch(kAddWork * N);
     const VF r = Round<T>(df, hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j)));
     StoreT(df, r, rs_out + j);
     if (commit) StoreT(df, r, commit + j);
@@ -221,11 +261,11 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
   *dot = p;
 }
 
-// One token row t of the step (passes 1-4 in the file comment). `next` is the row this thread
-// computes after this one (-1: none); each source's row `next` is prefetched while the same
+// One token row t of the step (passes 1-4 in the file comment). `ahead` is the row this thread
+// computes kPrefetchRowsAhead rows later (-1: none); its sources are prefetched along the way.
 // source's row t is read.
 template <typename T>
-void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
+void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
   const int64_t d = a.dim;
   const int n = a.num_sources();
   const bool add = a.rs_in != nullptr && a.pending != nullptr;
@@ -233,7 +273,19 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t o = t * d;
-  const int64_t stride = next >= 0 ? (next - t) * d : 0;  // elements to the next row; 0: none
+  // The pacing work is the sum of the Touch() units of the passes below.
+  Prefetcher pf;
+  if (ahead >= 0) {
+    const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
+    const int64_t oa = ahead * d;
+    if (a.rs_in) pf.Add(a.rs_in + oa, row_bytes);
+    if (a.pending) pf.Add(a.pending + oa, row_bytes);
+    if (scored) {
+      for (int s = 0; s < a.num_slots; ++s) pf.Add(a.slots[s] + oa, row_bytes);
+    }
+    const int64_t pass1 = add ? kAddWork : (scored ? 1 : 0);
+    pf.SetWork(d * (pass1 + (scored ? a.num_slots : 0) + n + kMixExtraWork + kNormWork));
+  }
   float score[kMaxAttnResSources];
   const T* rows[kMaxAttnResSources];
 
@@ -243,7 +295,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   if (add) {
     T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
     AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
-           &rs_sumsq, &rs_dot, stride);
+           &rs_sumsq, &rs_dot, pf);
     rs = a.rs_out + o;
   } else {
     rs = (a.rs_in ? a.rs_in : a.pending) + o;
@@ -251,7 +303,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
       std::memmove(a.commit + o, rs, static_cast<size_t>(d) * sizeof(T));
     }
     if (scored || a.commit) rs_sumsq = SumSq(rs, d);
-    if (scored) rs_dot = Dot(rs, a.query, d);
+    if (scored) rs_dot = Dot(rs, a.query, d, pf);
   }
   const float rs_inv_rms = attnres_inv_rms(rs_sumsq, d, a.res_eps);
   if (a.commit) a.commit_inv_rms[t] = rs_inv_rms;
@@ -260,19 +312,16 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   for (int s = 0; s < a.num_slots; ++s) rows[s] = a.slots[s] + o;
   rows[a.num_slots] = rs;
   if (scored) {
-    const T* nexts[kMaxAttnResSources];
-    for (int s = 0; s < a.num_slots; ++s) nexts[s] = stride != 0 ? rows[s] + stride : nullptr;
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
     if constexpr (std::is_same_v<T, bf16>) {
       for (int s0 = 0; s0 < a.num_slots; s0 += kDotGroup) {
-        DotsBf16(rows + s0, nexts + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d,
-                 score + s0);
+        DotsBf16(rows + s0, std::min(kDotGroup, a.num_slots - s0), a.query, d, score + s0, pf);
       }
     } else {
-      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, nexts[s]);
+      for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
     }
 #else
-    for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, nexts[s]);
+    for (int s = 0; s < a.num_slots; ++s) score[s] = Dot(rows[s], a.query, d, pf);
 #endif
     for (int s = 0; s < a.num_slots; ++s) score[s] *= a.slot_inv_rms[s][t];
     score[a.num_slots] = rs_dot * rs_inv_rms;
@@ -295,6 +344,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
     const auto hi_mask = hn::Set(du, 0xffff0000u);
     VF ss_odd = hn::Zero(df);
     for (; j + 2 * N <= d; j += 2 * N) {
+      pf.Touch((n + kMixExtraWork) * 2 * N);
       auto raw_bits = [&](int s) {
         return hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(rows[s] + j)));
       };
@@ -320,6 +370,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   }
 #endif
   for (; j + N <= d; j += N) {
+    pf.Touch((n + kMixExtraWork) * N);
     VF acc = hn::Mul(hn::Set(df, score[0]), LoadF(df, rows[0] + j));
     for (int s = 1; s < n; ++s) {
       acc = hn::Add(acc, hn::Mul(hn::Set(df, score[s]), LoadF(df, rows[s] + j)));
@@ -354,6 +405,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
     const hn::Repartition<uint16_t, DF> d16;
     const auto hi_mask = hn::Set(du, 0xffff0000u);
     for (; j + 2 * N <= d; j += 2 * N) {
+      pf.Touch(kNormWork * 2 * N);
       const auto r = hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(out + j)));
       const VF ga = hn::LoadU(df, a.norm_weight + j), gb = hn::LoadU(df, a.norm_weight + j + N);
       const VF ge = hn::ConcatEven(df, gb, ga), go = hn::ConcatOdd(df, gb, ga);
@@ -366,6 +418,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
   }
 #endif
   for (; j + N <= d; j += N) {
+    pf.Touch(kNormWork * N);
     const VF x = Round<T>(df, hn::Mul(LoadF(df, out + j), vinv));
     StoreT(df, Round<T>(df, hn::Mul(x, hn::LoadU(df, a.norm_weight + j))), out + j);
   }
@@ -373,13 +426,14 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t next) {
     const float x = storage_to_f32(f32_to_storage<T>(storage_to_f32(out[j]) * inv));
     out[j] = f32_to_storage<T>(x * a.norm_weight[j]);
   }
+  pf.Finish();
 }
 
 // Tokens are handed out in chunks of kChunk from a shared counter (a descheduled thread on a
-// shared machine holds back one chunk, not a fixed share). A thread claims its next chunk while
-// computing the last row of the current one, so that row can prefetch the next chunk's first
-// row. Each row is computed by one thread in a fixed order: results do not depend on the thread
-// count or on which thread takes a chunk.
+// shared machine holds back one chunk, not a fixed share). A thread claims its next chunk once
+// it needs to look past the current one (kPrefetchRowsAhead rows before its end), so the
+// prefetch crosses chunk boundaries. Each row is computed by one thread in a fixed order: results
+// do not depend on the thread count or on which thread takes a chunk.
 constexpr int64_t kChunk = 8;
 
 template <typename T>
@@ -393,18 +447,24 @@ void StepImpl(const AttnResStepArgs<T>& a) {
 #pragma omp parallel if (tokens * a.dim >= kAttnResParallelMinElements)
   {
     int64_t t = counter.fetch_add(kChunk, std::memory_order_relaxed);
+    int64_t end = std::min(t + kChunk, tokens);
+    int64_t following = -1;  // first row of this thread's next chunk; -1: not claimed yet
+    // The row k rows after t in this thread's order (k <= kChunk), or -1.
+    auto ahead = [&](int64_t k) -> int64_t {
+      if (t + k < end) return t + k;
+      if (following < 0) following = counter.fetch_add(kChunk, std::memory_order_relaxed);
+      const int64_t r = following + (t + k - end);
+      return r < std::min(following + kChunk, tokens) ? r : -1;
+    };
     while (t < tokens) {
-      const int64_t end = std::min(t + kChunk, tokens);
-      int64_t following = tokens;  // first row of this thread's next chunk
-      for (; t < end; ++t) {
-        int64_t next = t + 1;
-        if (next == end) {
-          following = counter.fetch_add(kChunk, std::memory_order_relaxed);
-          next = following < tokens ? following : -1;
-        }
-        StepRow(a, t, next);
+      StepRow(a, t, ahead(kPrefetchRowsAhead));
+      ++t;
+      if (t == end) {
+        if (following < 0) following = counter.fetch_add(kChunk, std::memory_order_relaxed);
+        t = following;
+        end = std::min(t + kChunk, tokens);
+        following = -1;
       }
-      t = following;
     }
   }
 }
