@@ -13,8 +13,9 @@
 // Gate: element-wise over [T, H, dk] with the twin's formulas and operation order; a = exp(a_log)
 // is the twin's scalar expf per head.
 //
-// Threads: channel blocks (conv) or (token, head) rows (gate) are split statically; every
-// element's value depends only on its own inputs, so nothing depends on the split.
+// Threads: channel ranges (conv) or (token, head) rows (gate) are split statically
+// (static_ranges.h); every element's value depends only on its own inputs, so nothing depends
+// on the split.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/conv_gate_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -29,6 +30,7 @@
 #include "kernels/conv_gate.h"
 #include "kernels/parallel.h"
 #include "kernels/rowops_hwy-inl.h"
+#include "kernels/static_ranges.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -113,23 +115,21 @@ HWY_INLINE void ConvTile(const float* x, int64_t T, int64_t C, int64_t c0, int64
   }
 }
 
-void CausalConv1dSilu(const float* x, int64_t T, int64_t C, const float* weight, int W,
-                      float* state, float* y) {
+// Channels [c_begin, c_end) of every token, in tiles.
+void CausalConv1dSilu(const float* x, int64_t T, int64_t C, int64_t c_begin, int64_t c_end,
+                      const float* weight, int W, float* state, float* y) {
   const int64_t tile = kTileVecs * static_cast<int64_t>(hn::Lanes(DF()));
-  const int64_t tiles = (C + tile - 1) / tile;
-#pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
-  for (int64_t b = 0; b < tiles; ++b) {
-    const int64_t c0 = b * tile;
-    ConvTile(x, T, C, c0, std::min(tile, C - c0), weight, W, state, y);
-  }
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += tile)
+    ConvTile(x, T, C, c0, std::min(tile, c_end - c0), weight, W, state, y);
 }
 
-void KdaGate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
-             const float* dt_bias, bool has_lower_bound, float lower_bound, float* g) {
-#pragma omp parallel for schedule(static) if (T * H * dk > kParallelMinWork)
-  for (int64_t row = 0; row < T * H; ++row) {
-    const DF d;
-    const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+// Rows [row_begin, row_end) of [T * H] (token, head) rows of dk channels.
+void KdaGate(const float* f, int64_t row_begin, int64_t row_end, int64_t H, int64_t dk,
+             const float* a_log, const float* dt_bias, bool has_lower_bound, float lower_bound,
+             float* g) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t h = row % H;
     const float a = std::exp(a_log[h]);
     const float* fr = f + row * dk;      // [dk] of token row / H, head h
@@ -164,13 +164,22 @@ HWY_EXPORT(KdaGate);
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                         float* state, float* y) {
   assert(W >= 1 && W <= kMaxConvWidth);
-  HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)(x, T, C, weight, W, state, y);
+  // Threads take ranges of whole granules of channels (a multiple of every target's tile);
+  // a channel's values do not depend on which tile or thread computes it.
+  constexpr int64_t kGranule = 256;
+  const int64_t granules = (C + kGranule - 1) / kGranule;
+  for_static_ranges(granules, T * C * W > kParallelMinWork, [&](int64_t g0, int64_t g1) {
+    HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)
+    (x, T, C, g0 * kGranule, std::min(C, g1 * kGranule), weight, W, state, y);
+  });
 }
 
 void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
               const float* dt_bias, std::optional<float> lower_bound, float* g) {
-  HWY_DYNAMIC_DISPATCH(KdaGate)
-  (f, T, H, dk, a_log, dt_bias, lower_bound.has_value(), lower_bound.value_or(0.0f), g);
+  for_static_ranges(T * H, T * H * dk > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(KdaGate)
+    (f, r0, r1, H, dk, a_log, dt_bias, lower_bound.has_value(), lower_bound.value_or(0.0f), g);
+  });
 }
 
 }  // namespace attnres

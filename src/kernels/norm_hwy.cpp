@@ -7,10 +7,11 @@
 // operations in the same order (x * inv, bf16 rounding, * gain, bf16 rounding; gated:
 // ((o * inv) * gain) * sigmoid(gate), the sigmoid via Highway's Exp, <= 1 ulp).
 //
-// Threads: rows are split statically; each row is computed by one thread, and nothing in a
-// row's arithmetic depends on which rows share a thread, so results are independent of the
-// thread count. The ragged end of a row goes through the same vector code in a zero-padded
-// vector (zeros add nothing to the sum of squares).
+// Threads: rows are split statically (static_ranges.h: one dispatched call per thread on a
+// contiguous range); each row is computed by one thread, and nothing in a row's arithmetic
+// depends on which rows share a thread, so results are independent of the thread count. The ragged
+// end of a row goes through the same vector code in a zero-padded vector (zeros add nothing to the
+// sum of squares).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/norm_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -23,6 +24,7 @@
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
 #include "kernels/rowops_hwy-inl.h"
+#include "kernels/static_ranges.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -59,7 +61,6 @@ HWY_INLINE void ScaleRow(DF d, const float* x, int64_t D, float inv, const G* ga
 template <typename G>
 void RmsNormRowsT(const float* x, int64_t rows, int64_t D, const G* gain, float eps, bool bf16_out,
                   float* y) {
-#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const DF d;
     const float ss = SumSquares(d, x + r * D, D);
@@ -78,7 +79,6 @@ void RmsNormRows(const float* x, int64_t rows, int64_t D, const void* gain, int 
 }
 
 void L2NormRows(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
-#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const DF d;
     const int64_t L = static_cast<int64_t>(hn::Lanes(d));
@@ -99,7 +99,6 @@ void L2NormRows(const float* x, int64_t rows, int64_t D, float eps, float scale,
 template <typename G>
 void GatedRmsNormRowsT(const float* o, const float* gate, int64_t rows, int64_t D, const G* gain,
                        float eps, bool bf16_out, float* y) {
-#pragma omp parallel for schedule(static) if (rows * D > kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const DF d;
     const int64_t L = static_cast<int64_t>(hn::Lanes(d));
@@ -157,18 +156,27 @@ int gain_kind(const TensorView& g) {
 
 void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, float eps,
               bool bf16_out, float* y) {
-  HWY_DYNAMIC_DISPATCH(RmsNormRows)(x, rows, D, gain.data, gain_kind(gain), eps, bf16_out, y);
+  const int kind = gain_kind(gain);
+  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(RmsNormRows)
+    (x + r0 * D, r1 - r0, D, gain.data, kind, eps, bf16_out, y + r0 * D);
+  });
 }
 
 void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
-  HWY_DYNAMIC_DISPATCH(L2NormRows)(x, rows, D, eps, scale, y);
+  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(L2NormRows)(x + r0 * D, r1 - r0, D, eps, scale, y + r0 * D);
+  });
 }
 
 void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
                     const TensorView& gain, float eps, bool bf16_out, float* y) {
   assert(gain.data != nullptr);
-  HWY_DYNAMIC_DISPATCH(GatedRmsNormRows)
-  (o, gate, rows, D, gain.data, gain_kind(gain), eps, bf16_out, y);
+  const int kind = gain_kind(gain);
+  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(GatedRmsNormRows)
+    (o + r0 * D, gate + r0 * D, r1 - r0, D, gain.data, kind, eps, bf16_out, y + r0 * D);
+  });
 }
 
 }  // namespace attnres

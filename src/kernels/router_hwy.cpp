@@ -11,7 +11,8 @@
 // same sequential sum, same division and scaling), so for identical scores ids and weights are
 // bitwise identical; the scores themselves differ from libm's by the Exp ulp bound.
 //
-// Threads: tokens are split statically, one thread per token; nothing depends on the split.
+// Threads: tokens are split statically (static_ranges.h), one thread per token; nothing depends
+// on the split.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/router_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -24,6 +25,7 @@
 #include "kernels/parallel.h"
 #include "kernels/router.h"
 #include "kernels/rowops_hwy-inl.h"
+#include "kernels/static_ranges.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -51,7 +53,6 @@ HWY_INLINE void Offer(int64_t e, float s, int64_t K, int64_t& n, float* top, int
 void RouteTokens(const float* logits, const float* bias, int64_t T, int64_t E, int64_t K,
                  bool renormalize, float scaling, bool bias_in_weights, int32_t* ids,
                  float* weights, float* scratch) {
-#pragma omp parallel for schedule(static) if (T * E * K > kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     const DF d;
     const int64_t L = static_cast<int64_t>(hn::Lanes(d));
@@ -120,9 +121,12 @@ HWY_EXPORT(RouteTokens);
 void route_sigmoid_topk(const float* logits, const float* bias, int64_t T, int64_t E,
                         const RouterOptions& opt, int32_t* ids, float* weights, float* scratch) {
   assert(opt.top_k >= 1 && opt.top_k <= E);
-  HWY_DYNAMIC_DISPATCH(RouteTokens)
-  (logits, bias, T, E, opt.top_k, opt.renormalize, opt.scaling, opt.bias_in_weights, ids, weights,
-   scratch);
+  const int64_t K = opt.top_k;
+  for_static_ranges(T, T * E * K > kParallelMinWork, [&](int64_t t0, int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(RouteTokens)
+    (logits + t0 * E, bias, t1 - t0, E, K, opt.renormalize, opt.scaling, opt.bias_in_weights,
+     ids + t0 * K, weights + t0 * K, scratch + t0 * E);
+  });
 }
 
 }  // namespace attnres
