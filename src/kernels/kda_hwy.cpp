@@ -15,11 +15,12 @@
 //    independent of the thread count.
 //
 // Recurrent step (decode): per head and token the state S [dk, dv] is read twice and written
-// once, in column blocks of a few vectors: pass 1 reads S and forms S^T k of the decayed state in
-// registers (S itself is not written); pass 2 recomputes the decayed row, adds k_i delta^T,
-// writes it back and accumulates o = S'^T q from the updated rows. A column block of a 128-row
-// state is 32 KiB, so pass 2 re-reads it from L1/L2: memory traffic is one read and one write of
-// the state, the minimum. (The twin writes the decayed state, then reads S three more times.)
+// once, in column blocks of kRecNV vectors (128 columns on AVX3: whole rows of K3's state):
+// pass 1 reads S and forms S^T k of the decayed state in registers (S itself is not written);
+// pass 2 recomputes the decayed row, adds k_i delta^T, writes it back and accumulates o = S'^T q
+// from the updated rows. A block is at most 64 KiB for dk = 128, so pass 2 re-reads it from L2:
+// memory traffic is one read and one write of the state, the minimum. (The twin writes the
+// decayed state, then reads S three more times.)
 //
 // Chunked prefill: the WY / UT algorithm of kda_chunked_ref() step for step (same scratch
 // layout, same sub-block factoring of the decay ratios and the same exact fallback), with every
