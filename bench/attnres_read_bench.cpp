@@ -19,6 +19,10 @@
 //                    STREAM read bandwidth the step reaches; of_triad_paired likewise for triad
 //   best_GB_s, of_read_best  the same from the fastest step and the fastest read pass (load
 //                    from other processes only slows a pass down, so best-of is the steadiest)
+//   of_read_cpu      the same as of_read_paired from process CPU time instead of wall time:
+//                    a thread descheduled by other processes does not count, so it is the
+//                    steadiest on a loaded machine (a thread spinning at the end-of-region
+//                    barrier still counts, in both the step and the read pass)
 //   frac_read/triad  GB_s / the process-wide STREAM probe (bench_limits.h), measured once
 //   ./attnres_bench --benchmark_filter=AttnRes --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
@@ -34,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <ctime>
 #include <vector>
 
 #include "bench_limits.h"
@@ -45,10 +50,21 @@ namespace {
 
 constexpr int64_t kDim = 7168;
 
-double seconds_of(const auto& fn) {
+// Process CPU time (all threads), seconds.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Wall seconds of fn(); adds its process CPU seconds to *cpu.
+double seconds_of(const auto& fn, double* cpu = nullptr) {
+  const double c0 = cpu != nullptr ? cpu_seconds() : 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cpu != nullptr) *cpu += cpu_seconds() - c0;
+  return wall;
 }
 
 // One data set of the step: S - 1 slots, the running sum and the pending output (and, when not
@@ -139,18 +155,22 @@ void BM_AttnResStep(benchmark::State& state) {
 
   double t_step = 0.0, t_read = 0.0, t_triad = 0.0;
   double best_step = 1e30, best_read = 1e30;
+  double cpu_step = 0.0, cpu_read = 0.0;
   int c = 0, w = 0;
   for (auto _ : state) {
     const AttnResStepArgs<bf16>& a = data[static_cast<size_t>(c)].args;
-    const double ts = seconds_of([&] { attnres_step(a); });
+    const double ts = seconds_of([&] { attnres_step(a); }, &cpu_step);
     state.SetIterationTime(ts);
     t_step += ts;
     best_step = std::min(best_step, ts);
     benchmark::ClobberMemory();
-    const double tr = seconds_of([&] {
-      benchmark::DoNotOptimize(stream_read_pass(
-          reinterpret_cast<const std::byte*>(read_buf.data() + w * read_words), read_words * 8, 0));
-    });
+    const double tr = seconds_of(
+        [&] {
+          benchmark::DoNotOptimize(
+              stream_read_pass(reinterpret_cast<const std::byte*>(read_buf.data() + w * read_words),
+                               read_words * 8, 0));
+        },
+        &cpu_read);
     t_read += tr;
     best_read = std::min(best_read, tr);
     const int64_t o = w * triad_n;
@@ -170,6 +190,8 @@ void BM_AttnResStep(benchmark::State& state) {
       (t_read / static_cast<double>(read_words * 8)) / (t_step / bytes);
   state.counters["of_triad_paired"] =
       (t_triad / (3.0 * static_cast<double>(triad_n) * 8.0)) / (t_step / bytes);
+  state.counters["of_read_cpu"] =
+      (cpu_read / static_cast<double>(read_words * 8)) / (cpu_step / bytes);
   state.counters["best_GB_s"] = bytes / best_step * 1e-9;
   state.counters["of_read_best"] =
       (best_read / static_cast<double>(read_words * 8)) / (best_step / bytes);
