@@ -3,7 +3,8 @@
 // 384-expert top-8 router), each as the dispatched Highway kernel (path 0) and its scalar twin
 // NAME_ref (path 1) in the same binary, for T = 1 (decode) and T = 512 (prefill):
 //   rms_norm (bf16 gain, bf16 output), l2_norm and gated_rms_norm (per head of 128),
-//   route_sigmoid_topk, causal_conv1d_silu, kda_gate, silu_mul (T x 3072, one expert's width).
+//   route_sigmoid_topk, causal_conv1d_silu, kda_gate, silu_mul and situ (T x 3072, one
+//   expert's width).
 //
 // Bytes per call count what the kernel must move: every input read once and every output
 // written once (f32; gains bf16), as STREAM counts its arrays. Each call is timed (wall clock):
@@ -210,6 +211,20 @@ void BM_RowsSiluMul(benchmark::State& state) {
       [&](int64_t c) { (fast ? silu_mul : silu_mul_ref)(g.at(c), u.at(c), n, false, out.at(c)); });
 }
 
+// args: T, path. out = SiTU(gate, up) (Kimi-K3's activation, beta 4 / linear beta 25 as in the
+// published config) over T x 3072, f32 output.
+void BM_RowsSitu(benchmark::State& state) {
+  const int64_t T = state.range(0), n = T * 3072;
+  const bool fast = state.range(1) == 0;
+  const double bytes = 3.0 * static_cast<double>(n) * 4;
+  const double reads = 2.0 * static_cast<double>(n) * 4;  // gate, up
+  const int64_t copies = copies_for(static_cast<int64_t>(bytes));
+  Cycled g(n, copies, 20, 3.0f), u(n, copies, 21, 10.0f), out(n, copies, 22);
+  run(state, bytes, reads, fast, [&](int64_t c) {
+    (fast ? situ : situ_ref)(g.at(c), u.at(c), n, 4.0f, 25.0f, false, out.at(c));
+  });
+}
+
 void rows_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "path"});
   for (int64_t T : {1, 512})
@@ -223,6 +238,7 @@ BENCHMARK(BM_RowsGatedRmsNorm)->Apply(rows_args);
 BENCHMARK(BM_RowsConv)->Apply(rows_args);
 BENCHMARK(BM_RowsKdaGate)->Apply(rows_args);
 BENCHMARK(BM_RowsSiluMul)->Apply(rows_args);
+BENCHMARK(BM_RowsSitu)->Apply(rows_args);
 BENCHMARK(BM_RowsRouter)
     ->ArgNames({"T", "E", "K", "path"})
     ->Args({1, 896, 16, 0})
