@@ -26,13 +26,13 @@
 //   frac_read/triad  GB_s / the process-wide STREAM probe (bench_limits.h), measured once
 //   ./attnres_bench --benchmark_filter=AttnRes --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
-// Measured 2026-11-30 (2 threads, AVX3, in place, medians of 5 repetitions, load average 5-6
-// from other builds, paired STREAM read 11-14 GB/s instead of 32 idle), of_read_paired before ->
-// after the leaner elementwise passes: S = 9, T = 4096: 0.55 -> 0.66; S = 5: 0.62 -> 0.70;
-// S = 2: 0.60 -> 0.65 (of_triad_paired 0.45 -> 0.50, 0.45 -> 0.62, 0.50 -> 0.58). The issue-5
-// target (>= 0.85) is not met; T = 256 calls (1-2 ms) were dominated by scheduler slices in
-// that window. Details and what is left: docs/performance.md, "The fused AttnRes step: second
-// pass".
+// Measured 2026-11-30 (2 threads, AVX3, medians of 5 repetitions, old and new kernels
+// alternated twice, load average 2.3-3.4 from other builds), of_read_paired at T = 4096 before ->
+// after this file's second pass on the kernel: S = 9: 0.56 -> 0.66-0.71; S = 5: 0.60 -> 0.74-0.77;
+// S = 2: 0.55 -> 0.67-0.71; outputs in storage of their own (inplace:0), S = 9: 0.47-0.52 ->
+// 0.57-0.59. of_triad_paired S = 9: 0.47-0.52 -> 0.51-0.55. The issue-5 target (>= 0.85) is not
+// met. T = 256 calls (1-2 ms) were mostly stretched by scheduler slices in that window. Details
+// and what is left: docs/performance.md, "The fused AttnRes step: second pass".
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
