@@ -28,7 +28,7 @@
 //       --benchmark_report_aggregates_only=true
 // Measured 2026-11-30 (2 threads, AVX3, medians of 5 repetitions, old and new kernels
 // alternated twice, load average 2.3-3.4 from other builds), of_read_paired at T = 4096 before ->
-// after this file's second pass on the kernel: S = 9: 0.56 -> 0.66-0.71; S = 5: 0.60 -> 0.74-0.77;
+// after this session's kernel changes: S = 9: 0.56 -> 0.66-0.71; S = 5: 0.60 -> 0.74-0.77;
 // S = 2: 0.55 -> 0.67-0.71; outputs in storage of their own (inplace:0), S = 9: 0.47-0.52 ->
 // 0.57-0.59. of_triad_paired S = 9: 0.47-0.52 -> 0.51-0.55. The issue-5 target (>= 0.85) is not
 // met. T = 256 calls (1-2 ms) were mostly stretched by scheduler slices in that window. Details

@@ -66,7 +66,7 @@ class Prefetcher {
   void Add(const void* row, int64_t bytes) {
     const uintptr_t b = reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(63);
     const uintptr_t e = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes);
-    begin_[num_rows_] = reinterpret_cast<const char*>(b);
+    begin_[num_rows_] = b;
     lines_ = std::max(lines_, static_cast<int64_t>((e - b + 63) / 64));
     ++num_rows_;
     total_ = lines_ * num_rows_;
@@ -88,13 +88,17 @@ class Prefetcher {
  private:
   // Line `line_` of every row, then the next line: the order passes 2 and 3 read the rows in.
   HWY_INLINE void Issue() {
-    __builtin_prefetch(begin_[row_] + line_ * 64, 0, kPrefetchLocality);
+    // Integer address arithmetic: the first line may start before the row (and its
+    // allocation); a prefetch never faults, but a pointer formed there would be undefined.
+    __builtin_prefetch(
+        reinterpret_cast<const void*>(begin_[row_] + static_cast<uintptr_t>(line_) * 64), 0,
+        kPrefetchLocality);
     if (++row_ == num_rows_) {
       row_ = 0;
       ++line_;
     }
   }
-  const char* begin_[kMaxAttnResSources + 1];
+  uintptr_t begin_[kMaxAttnResSources + 1];  // first line address of each row
   int num_rows_ = 0, row_ = 0;
   int64_t lines_ = 0, line_ = 0, total_ = 0, work_ = 1, credit_ = 0;
 };
