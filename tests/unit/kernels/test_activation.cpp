@@ -3,7 +3,6 @@
 // (including saturated tanh and sigmoid), lengths off the vector width, in place, bf16 output;
 // and position/thread-count independence (an element's value depends only on its inputs).
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 #include <omp.h>
 
 #include <cmath>
@@ -13,20 +12,11 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/hwy_targets.h"
 #include "util/numeric.h"
 
 namespace attnres {
 namespace {
-
-template <class Body>
-void for_each_target(const Body& body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 constexpr float kBeta = 4.0f, kLinearBeta = 25.0f;
 

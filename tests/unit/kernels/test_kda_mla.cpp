@@ -20,7 +20,6 @@
 //    |o - o_ref| <= (2 e + lambda sqrt(N + 4) u) max|v|. Absorbed adds two rank-r products
 //    (q_lat = W_UK^T q_nope and o = W_UV o_lat), each within lambda sqrt(r) u sum |terms|.
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/hwy_targets.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
 #include "util/numeric.h"
@@ -40,16 +40,6 @@ namespace attnres {
 namespace {
 
 constexpr double kU = 1.0 / 16777216.0;  // 2^-24
-
-template <class Body>
-void for_each_target(const Body& body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

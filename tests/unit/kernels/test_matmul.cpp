@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/hwy_targets.h"
 #include "kernels/matmul.h"
 
 namespace attnres {
@@ -41,16 +42,13 @@ const Shape kDenseShapes[] = {{1, 1, 1},    {1, 7, 5},    {1, 13, 16},  {2, 6, 8
 const Shape kMxfp4Shapes[] = {{1, 1, 32},   {1, 7, 64},   {2, 6, 96},  {3, 10, 32},
                               {5, 13, 160}, {1, 50, 512}, {9, 20, 64}, {13, 7, 256}};
 
-// Runs body once per Highway target compiled and supported here, with dispatch forced to it.
+// for_each_target (hwy_targets.h), also checking that matmul dispatches to the forced target.
 template <class Body>
-void for_each_target(const Body& body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
+void for_each_matmul_target(const Body& body) {
+  for_each_target([&](int64_t target) {
     ASSERT_STREQ(matmul_simd_target(), hwy::TargetName(target));
     body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 TensorView make_view(DType dtype, int64_t N, int64_t K, const void* data, size_t elem) {
@@ -117,7 +115,7 @@ std::string shape_str(Shape s) {
 }
 
 TEST(Matmul, DenseExactOnIntegerData) {
-  for_each_target([] {
+  for_each_matmul_target([] {
     for (Shape s : kDenseShapes) {
       SCOPED_TRACE(shape_str(s));
       const DenseCase c = make_dense(s, /*integers=*/true, 1);
@@ -133,7 +131,7 @@ TEST(Matmul, DenseExactOnIntegerData) {
 }
 
 TEST(Matmul, DenseRandomWithinBound) {
-  for_each_target([] {
+  for_each_matmul_target([] {
     for (Shape s : kDenseShapes) {
       SCOPED_TRACE(shape_str(s));
       const DenseCase c = make_dense(s, /*integers=*/false, 2);
@@ -184,7 +182,7 @@ void run_mxfp4(const Mxfp4Case& c, std::vector<float>& y, std::vector<float>& re
 
 TEST(Mxfp4Matmul, ExactOnIntegerData) {
   // Scales 2^-2 .. 2^3: every product is a multiple of 2^-3 below 2^8, sums stay below 2^20.
-  for_each_target([] {
+  for_each_matmul_target([] {
     for (Shape s : kMxfp4Shapes) {
       SCOPED_TRACE(shape_str(s));
       const Mxfp4Case c = make_mxfp4(s, /*integers=*/true, 125, 130, 3);
@@ -197,7 +195,7 @@ TEST(Mxfp4Matmul, ExactOnIntegerData) {
 
 TEST(Mxfp4Matmul, RandomWideScalesWithinBound) {
   // Scales 2^-27 .. 2^23: results span many binades; random signs cancel.
-  for_each_target([] {
+  for_each_matmul_target([] {
     for (Shape s : kMxfp4Shapes) {
       SCOPED_TRACE(shape_str(s));
       const Mxfp4Case c = make_mxfp4(s, /*integers=*/false, 100, 150, 4);
@@ -231,7 +229,7 @@ TEST(Mxfp4Matmul, ExtremeScalesAndNegativeZero) {
     c.packed[4 * bpr + i] = 0x88;
   }
   for (int64_t k = 0; k < s.K; ++k) c.x[k] = -std::fabs(c.x[k]) - 0.01f;  // token 0 negative
-  for_each_target([&] {
+  for_each_matmul_target([&] {
     std::vector<float> y, ref;
     run_mxfp4(c, y, ref);
     expect_within_bound(
@@ -254,7 +252,7 @@ TEST(Matmul, ThreadCountInvariant) {
   const Shape s{11, 130, 300};
   const DenseCase c = make_dense(s, /*integers=*/false, 7);
   const Mxfp4Case q = make_mxfp4({11, 130, 320}, /*integers=*/false, 110, 140, 8);
-  for_each_target([&] {
+  for_each_matmul_target([&] {
     std::vector<float> ref[3];  // with 1 thread: f32, bf16, mxfp4
     for (int threads : {1, 2, 3}) {
       omp_set_num_threads(threads);
@@ -287,7 +285,7 @@ TEST(Matmul, DecodeMatchesPrefillRows) {
   const Shape s{12, 300, 77};
   const DenseCase c = make_dense(s, /*integers=*/false, 9);
   const Mxfp4Case q = make_mxfp4({12, 300, 96}, /*integers=*/false, 115, 135, 10);
-  for_each_target([&] {
+  for_each_matmul_target([&] {
     std::vector<float> all(static_cast<size_t>(s.T * s.N)), one(static_cast<size_t>(s.N));
     matmul(c.x.data(), s.T, c.view(DType::kBF16), all.data());
     for (int64_t t = 0; t < s.T; ++t) {
@@ -331,7 +329,7 @@ std::vector<float> widen_all(const std::vector<bf16>& v) {
 }
 
 TEST(MatmulBf16Act, ExactOnIntegerDataAndWithinBoundOnRandom) {
-  for_each_target([] {
+  for_each_matmul_target([] {
     for (Shape s : kDenseShapes) {
       SCOPED_TRACE(shape_str(s));
       for (bool integers : {true, false}) {
@@ -360,7 +358,7 @@ TEST(MatmulBf16Act, ThreadCountInvariantAndDecodeMatchesPrefill) {
   const Shape s{12, 130, 300};  // above the serial cutoff
   const DenseCase c = make_dense(s, /*integers=*/false, 13);
   const std::vector<bf16> xb = to_bf16(c.x);
-  for_each_target([&] {
+  for_each_matmul_target([&] {
     for (DType d : {DType::kF32, DType::kBF16}) {
       std::vector<float> ref;
       for (int threads : {1, 2, 3}) {

@@ -3,7 +3,6 @@
 // Highway target this CPU supports and for 1, 2 and 3 OpenMP threads; the scalar twin must agree
 // with the single-call references; integer data (exact partial sums) must match it bitwise.
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 #include <omp.h>
 
 #include <cmath>
@@ -13,21 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/hwy_targets.h"
 #include "kernels/matmul.h"
 #include "util/numeric.h"
 
 namespace attnres {
 namespace {
-
-template <class Body>
-void for_each_target(const Body& body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 TensorView view(DType dtype, int64_t N, int64_t K, const void* data) {
   // (A copy of a named string: GCC 12 -O3 reports a false -Wrestrict for `v.name = "w"` here.)

@@ -8,7 +8,6 @@
 // from the documented error of Highway's Exp (<= 1 ulp) and Log1p (<= 2 ulp) against glibc's
 // expf / log1pf (< 1 ulp each), or from the reordering of a sum of squares.
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/conv_gate.h"
+#include "kernels/hwy_targets.h"
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
 #include "kernels/router.h"
@@ -29,16 +29,6 @@
 
 namespace attnres {
 namespace {
-
-template <class Body>
-void for_each_target(const Body& body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 // Runs body with exactly `threads` OpenMP threads, restoring the previous setting.
 template <class Body>
