@@ -73,6 +73,8 @@ struct MatmulJob {
 MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y);
 MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t row0, int64_t rows,
                          float* y);
+// A job over a plain f32 matrix w [N, K] (e.g. cached context rows acting as weight rows).
+MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y);
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y);
 

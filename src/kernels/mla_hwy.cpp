@@ -404,19 +404,8 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
     }
     // Scores of every head against the context in one batch (c_kv / k_rot rows act as weight
     // rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x k_rot[n_ctx, rope]^T.
-    auto ctx_job = [&](const float* x, const float* ctx, int64_t K, float* y) {
-      MatmulJob j;
-      j.x = x;
-      j.T = H;
-      j.kind = WeightKind::kF32;
-      j.w = ctx;
-      j.N = n_ctx;
-      j.K = K;
-      j.y = y;
-      return j;
-    };
-    jobs[0] = ctx_job(q_lat, c_kv, r, s_lat);
-    jobs[1] = ctx_job(q_rot, k_rot, d.rope, s_rot);
+    jobs[0] = f32_job(q_lat, H, c_kv, n_ctx, r, s_lat);
+    jobs[1] = f32_job(q_rot, H, k_rot, n_ctx, d.rope, s_rot);
     matmul_batch(jobs, d.rope > 0 ? 2 : 1);
     // Softmax per head, then o_lat = p c_kv split over column blocks of c_kv.
 #pragma omp parallel if (H * n_ctx * r > kParallelMinWork)
