@@ -366,6 +366,11 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
   round_to_bf16(out, T * d, bf16);
 }
 
+void linear(const ForwardOptions& opt, Arena& arena, const float* x, int64_t T, const Matrix& W,
+            float* y) {
+  project(make_proj(opt, arena), x, T, W, y);
+}
+
 void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
                      const ForwardOptions& opt, Arena& arena, float* out) {
   const int64_t d = c.hidden_size;

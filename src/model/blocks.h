@@ -30,4 +30,10 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
 void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
                      const ForwardOptions& opt, Arena& arena, float* out);
 
+// y [T, N] = x [T, K] W^T as a linear layer of the flow `opt` (the blocks' projections): in the
+// bf16 flow the output is rounded to bf16, and a BF16 W runs on bf16 dot products when the input
+// is exactly bf16 (scratch from arena).
+void linear(const ForwardOptions& opt, Arena& arena, const float* x, int64_t T, const Matrix& W,
+            float* y);
+
 }  // namespace attnres

@@ -5,7 +5,6 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
 #include "model/blocks.h"
@@ -79,15 +78,8 @@ Status embed_tokens(const ModelWeights& w, const int32_t* tokens, int64_t T, flo
 
 void lm_head_logits(const ModelWeights& w, const ForwardOptions& opt, const float* xn, int64_t rows,
                     Arena& arena, float* logits) {
-  MatmulJob j = dense_job(xn, rows, w.lm_head, logits);
-  // The bf16 flow's final norm output is a bf16 value: the dot-product kernel (see blocks.cpp).
-  if (opt.bf16() && j.kind == WeightKind::kBF16 && matmul_bf16_uses_dot_product()) {
-    bf16* xh = arena.take<bf16>(rows * j.K);  // [rows, d]
-    if (bf16_exact_copy(xn, rows * j.K, xh)) j.xh = xh;
-  }
-  matmul_batch(&j, 1);
   // The bf16 model's lm_head output is bf16 too; logits are reported as f32 values of it.
-  round_to_bf16(logits, rows * w.config.vocab_size, opt.bf16());
+  linear(opt, arena, xn, rows, w.lm_head, logits);
 }
 
 void final_logits(const ModelWeights& w, const ForwardOptions& opt, Arena& arena, const float* h,
