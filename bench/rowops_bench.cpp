@@ -199,30 +199,33 @@ void BM_RowsKdaGate(benchmark::State& state) {
   });
 }
 
-// args: T, path. out = silu(gate) * up over T x 3072, f32 output.
-void BM_RowsSiluMul(benchmark::State& state) {
+// args: T, path. out = act(gate, up) over T x 3072 (one expert's width), f32 output; act(fast,
+// gate, up, n, out) runs the fast kernel or its twin. Inputs: gate ~ N(0, 3), up ~ N(0, up_sd).
+template <class Act>
+void gated_activation(benchmark::State& state, uint32_t seed, float up_sd, const Act& act) {
   const int64_t T = state.range(0), n = T * 3072;
   const bool fast = state.range(1) == 0;
   const double bytes = 3.0 * static_cast<double>(n) * 4;
   const double reads = 2.0 * static_cast<double>(n) * 4;  // gate, up
   const int64_t copies = copies_for(static_cast<int64_t>(bytes));
-  Cycled g(n, copies, 17, 3.0f), u(n, copies, 18), out(n, copies, 19);
-  run(state, bytes, reads, fast,
-      [&](int64_t c) { (fast ? silu_mul : silu_mul_ref)(g.at(c), u.at(c), n, false, out.at(c)); });
+  Cycled g(n, copies, seed, 3.0f), u(n, copies, seed + 1, up_sd), out(n, copies, seed + 2);
+  run(state, bytes, reads, fast, [&](int64_t c) { act(fast, g.at(c), u.at(c), n, out.at(c)); });
 }
 
-// args: T, path. out = SiTU(gate, up) (Kimi-K3's activation, beta 4 / linear beta 25 as in the
-// published config) over T x 3072, f32 output.
+// silu(gate) * up (Kimi-Linear's activation).
+void BM_RowsSiluMul(benchmark::State& state) {
+  gated_activation(state, 17, 1.0f,
+                   [](bool fast, const float* g, const float* u, int64_t n, float* out) {
+                     (fast ? silu_mul : silu_mul_ref)(g, u, n, false, out);
+                   });
+}
+
+// SiTU(gate, up) (Kimi-K3's activation, beta 4 / linear beta 25 as in the published config).
 void BM_RowsSitu(benchmark::State& state) {
-  const int64_t T = state.range(0), n = T * 3072;
-  const bool fast = state.range(1) == 0;
-  const double bytes = 3.0 * static_cast<double>(n) * 4;
-  const double reads = 2.0 * static_cast<double>(n) * 4;  // gate, up
-  const int64_t copies = copies_for(static_cast<int64_t>(bytes));
-  Cycled g(n, copies, 20, 3.0f), u(n, copies, 21, 10.0f), out(n, copies, 22);
-  run(state, bytes, reads, fast, [&](int64_t c) {
-    (fast ? situ : situ_ref)(g.at(c), u.at(c), n, 4.0f, 25.0f, false, out.at(c));
-  });
+  gated_activation(state, 20, 10.0f,
+                   [](bool fast, const float* g, const float* u, int64_t n, float* out) {
+                     (fast ? situ : situ_ref)(g, u, n, 4.0f, 25.0f, false, out);
+                   });
 }
 
 void rows_args(benchmark::internal::Benchmark* b) {
