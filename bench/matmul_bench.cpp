@@ -115,6 +115,22 @@ void set_bandwidth_counters(benchmark::State& state, int64_t bytes_per_call, con
   state.counters["of_stream_triad"] = best_gb_s / s.triad_gb_s;
 }
 
+// Decode GEMV loop: gemv(c) on weight copy c, then read_copy(o) (a STREAM read pass over another
+// copy o of the same bytes), copies in turn; sets the counters above for bytes_per_call.
+template <class Gemv, class ReadCopy>
+void time_gemv_paired(benchmark::State& state, int64_t copies, int64_t bytes_per_call,
+                      const Gemv& gemv, const ReadCopy& read_copy) {
+  int64_t c = 0;
+  BestOf best, read;
+  for (auto _ : state) {
+    best.time([&] { gemv(c); });
+    const int64_t other = (c + copies / 2) % copies;
+    read.time([&] { benchmark::DoNotOptimize(read_copy(other)); });
+    c = (c + 1) % copies;
+  }
+  set_bandwidth_counters(state, bytes_per_call, best, &read);
+}
+
 // Run context printed in the benchmark header (registered before main, so only cheap queries
 // here; the STREAM numbers are counters of BM_StreamProbe and of every GEMV benchmark).
 const bool kContextRegistered = [] {
@@ -147,18 +163,14 @@ void BM_GemvBf16(benchmark::State& state) {
   const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
   const std::vector<float> x = random_f32(K, 2);             // [K]
   std::vector<float> y(static_cast<size_t>(N));              // [N]
-  int64_t c = 0;
-  BestOf best, read;
   const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
-  for (auto _ : state) {
-    best.time([&] { matmul(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
-    benchmark::DoNotOptimize(y.data());
-    const int64_t other = (c + copies / 2) % copies;
-    read.time(
-        [&] { benchmark::DoNotOptimize(stream_read_pass(bytes + other * per * 2, per * 2, 0)); });
-    c = (c + 1) % copies;
-  }
-  set_bandwidth_counters(state, per * 2, best, &read);
+  time_gemv_paired(
+      state, copies, per * 2,
+      [&](int64_t c) {
+        matmul(x.data(), 1, bf16_view(w, N, K, c * per), y.data());
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&](int64_t o) { return stream_read_pass(bytes + o * per * 2, per * 2, 0); });
 }
 BENCHMARK(BM_GemvBf16)
     ->ArgNames({"N", "K"})
@@ -186,25 +198,20 @@ void BM_GemvMxfp4(benchmark::State& state) {
   for (float& v : x) v = round_bf16(v);
   if (!bf16_exact_copy(x.data(), K, xh.data())) state.SkipWithError("x not bf16-exact");
   std::vector<float> y(static_cast<size_t>(N));  // [N]
-  int64_t c = 0;
-  BestOf best, read;
-  for (auto _ : state) {
-    best.time([&] {
-      MatmulJob j =
-          mxfp4_job(x.data(), 1, packed.data() + c * pb, scale.data() + c * ps, N, K, y.data());
-      if (bf16_act) j.xh = xh.data();
-      matmul_batch(&j, 1);
-    });
-    benchmark::DoNotOptimize(y.data());
-    const int64_t other = (c + copies / 2) % copies;
-    read.time([&] {
-      const auto* p = reinterpret_cast<const std::byte*>(packed.data() + other * pb);
-      const auto* q = reinterpret_cast<const std::byte*>(scale.data() + other * ps);
-      benchmark::DoNotOptimize(stream_read_pass(p, pb, 0) + stream_read_pass(q, ps, 0));
-    });
-    c = (c + 1) % copies;
-  }
-  set_bandwidth_counters(state, pb + ps, best, &read);
+  time_gemv_paired(
+      state, copies, pb + ps,
+      [&](int64_t c) {
+        MatmulJob j =
+            mxfp4_job(x.data(), 1, packed.data() + c * pb, scale.data() + c * ps, N, K, y.data());
+        if (bf16_act) j.xh = xh.data();
+        matmul_batch(&j, 1);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&](int64_t o) {
+        const auto* p = reinterpret_cast<const std::byte*>(packed.data() + o * pb);
+        const auto* q = reinterpret_cast<const std::byte*>(scale.data() + o * ps);
+        return stream_read_pass(p, pb, 0) + stream_read_pass(q, ps, 0);
+      });
 }
 BENCHMARK(BM_GemvMxfp4)
     ->ArgNames({"N", "K", "bf16_act"})
@@ -340,18 +347,14 @@ void BM_GemvBf16Act(benchmark::State& state) {
   const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
   const std::vector<bf16> x = random_bf16(K, 2);             // [K]
   std::vector<float> y(static_cast<size_t>(N));              // [N]
-  int64_t c = 0;
-  BestOf best, read;
   const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
-  for (auto _ : state) {
-    best.time([&] { matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
-    benchmark::DoNotOptimize(y.data());
-    const int64_t other = (c + copies / 2) % copies;
-    read.time(
-        [&] { benchmark::DoNotOptimize(stream_read_pass(bytes + other * per * 2, per * 2, 0)); });
-    c = (c + 1) % copies;
-  }
-  set_bandwidth_counters(state, per * 2, best, &read);
+  time_gemv_paired(
+      state, copies, per * 2,
+      [&](int64_t c) {
+        matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data());
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&](int64_t o) { return stream_read_pass(bytes + o * per * 2, per * 2, 0); });
 }
 BENCHMARK(BM_GemvBf16Act)
     ->ArgNames({"N", "K"})
