@@ -136,10 +136,6 @@ struct KdaInputs {
   }
 };
 
-const char* impl_label(bool ref) {
-  return ref ? "ref (scalar twin)" : matmul_simd_target();
-}
-
 void BM_KdaDecode(benchmark::State& state) {
   const bool ref = state.range(0) == 1;
   const int64_t S = kH * kD * kD;  // floats per layer state
@@ -202,12 +198,7 @@ void BM_KdaPrefill(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   const double gflop = prefill_flops(T, chunk) * 1e-9;
-  const double peak = fma_peak_gflop_s();
-  state.counters["GFLOP_s"] =
-      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["fma_peak_GFLOP_s"] = peak;
-  state.counters["frac_fma_peak"] =
-      benchmark::Counter(gflop / peak, benchmark::Counter::kIsIterationInvariantRate);
+  set_flop_counters(state, gflop);
   state.counters["tok_s"] =
       benchmark::Counter(static_cast<double>(T), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(impl_label(ref));

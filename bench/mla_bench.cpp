@@ -43,10 +43,6 @@ std::vector<float> randn(int64_t n, uint32_t seed, float scale) {
   return v;
 }
 
-const char* impl_label(bool ref) {
-  return ref ? "ref (scalar twin)" : matmul_simd_target();
-}
-
 void BM_MlaDecodeAbsorbed(benchmark::State& state) {
   const bool ref = state.range(0) == 1;
   const int64_t N = state.range(1), T = 1, H = kDims.H, r = kDims.r, rope = kDims.rope;
@@ -94,11 +90,7 @@ void BM_MlaDecodeAbsorbed(benchmark::State& state) {
                        (static_cast<double>(N) * static_cast<double>(2 * r + rope) +
                         static_cast<double>(r) * static_cast<double>(kDims.nope + kDims.v)) *
                        1e-9;
-  const double peak = fma_peak_gflop_s();
-  state.counters["GFLOP_s"] =
-      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["frac_fma_peak"] =
-      benchmark::Counter(gflop / peak, benchmark::Counter::kIsIterationInvariantRate);
+  set_flop_counters(state, gflop);
   state.SetLabel(impl_label(ref));
 }
 
@@ -119,12 +111,7 @@ void BM_MlaPrefillExpanded(benchmark::State& state) {
   const double pairs = static_cast<double>(T) * static_cast<double>(N - T) +
                        static_cast<double>(T) * static_cast<double>(T + 1) / 2.0;
   const double gflop = 2.0 * pairs * static_cast<double>(H * (qw + kDims.v)) * 1e-9;
-  const double peak = fma_peak_gflop_s();
-  state.counters["GFLOP_s"] =
-      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["fma_peak_GFLOP_s"] = peak;
-  state.counters["frac_fma_peak"] =
-      benchmark::Counter(gflop / peak, benchmark::Counter::kIsIterationInvariantRate);
+  set_flop_counters(state, gflop);
   state.SetLabel(impl_label(ref));
 }
 
