@@ -54,27 +54,29 @@ void kda_recurrent_ref(const float* q, const float* k, const float* v, const flo
 
 namespace {
 
-// Decay ratios exp(gc_c - gc_i) are factored through the start s of c's sub-block of
-// kSubBlock steps: exp(gc_c - gc_s) * exp(gc_s - gc_i). Within a sub-block both factors stay
-// inside exp(+-kMaxFactorLog); for i before the sub-block both are <= 1. A sub-block whose decay
-// span exceeds kMaxFactorLog (possible only without a gate lower bound) uses exact pairwise
-// exponentials instead, so nothing overflows for any gate values.
-constexpr int64_t kSubBlock = 16;
-constexpr float kMaxFactorLog = 80.0f;  // exp(80) ~ 5.5e34 < FLT_MAX; exp(-80) is normal
-
-int64_t sub_blocks(int64_t C) {
-  return (C + kSubBlock - 1) / kSubBlock;
-}
-
 int64_t per_head_scratch(int64_t C, int64_t dk, int64_t dv) {
   // gc [C, dk], A [C, C], w [C, dk], u [C, dv], Aqk row [C], q decayed row [dk],
   // kd, qd [C, dk] (rows decayed to their sub-block start), kuT [nb, dk, C] (keys grown from
   // each sub-block start, transposed), factored [nb], acc row [max(dv, C)]
-  return C * dk + C * C + C * dk + C * dv + C + dk + 2 * C * dk + sub_blocks(C) * C * dk +
-         sub_blocks(C) + std::max(dv, C);
+  return C * dk + C * C + C * dk + C * dv + C + dk + 2 * C * dk + kda_sub_blocks(C) * C * dk +
+         kda_sub_blocks(C) + std::max(dv, C);
 }
 
 }  // namespace
+
+void kda_cumulative_gates(const float* g, int64_t t0, int64_t L, int64_t H, int64_t h, int64_t dk,
+                          float* gc) {
+  for (int64_t c = 0; c < L; ++c) {
+    const float* gt = g + ((t0 + c) * H + h) * dk;
+    for (int64_t d = 0; d < dk; ++d) gc[c * dk + d] = gt[d] + (c ? gc[(c - 1) * dk + d] : 0.0f);
+  }
+}
+
+bool kda_sub_block_factored(const float* gc, int64_t s0, int64_t s1, int64_t dk) {
+  float span = 0.0f;  // largest decay inside the sub-block: gc_s - gc_last >= 0
+  for (int64_t d = 0; d < dk; ++d) span = std::max(span, gc[s0 * dk + d] - gc[(s1 - 1) * dk + d]);
+  return span <= kKdaMaxFactorLog;
+}
 
 int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t dv) {
   return H * per_head_scratch(chunk, dk, dv);
@@ -83,7 +85,7 @@ int64_t kda_chunk_scratch_floats(int64_t H, int64_t chunk, int64_t dk, int64_t d
 void kda_chunked_ref(const float* q, const float* k, const float* v, const float* g,
                      const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk,
                      float* state, float* o, float* scratch) {
-  const int64_t C = chunk, NB = sub_blocks(C);
+  const int64_t C = chunk, NB = kda_sub_blocks(C);
 #pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
   for (int64_t h = 0; h < H; ++h) {
     float* S = state + h * dk * dv;                         // [dk, dv]
@@ -101,16 +103,10 @@ void kda_chunked_ref(const float* q, const float* k, const float* v, const float
     auto row = [H, h](int64_t t, int64_t width) { return (t * H + h) * width; };
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t L = std::min(C, T - t0);
-      for (int64_t c = 0; c < L; ++c) {
-        const float* gt = g + row(t0 + c, dk);
-        for (int64_t d = 0; d < dk; ++d) gc[c * dk + d] = gt[d] + (c ? gc[(c - 1) * dk + d] : 0.0f);
-      }
-      for (int64_t b = 0; b * kSubBlock < L; ++b) {
-        const int64_t s0 = b * kSubBlock, s1 = std::min(L, s0 + kSubBlock);
-        float span = 0.0f;  // largest decay inside the sub-block: gc_s - gc_last >= 0
-        for (int64_t d = 0; d < dk; ++d)
-          span = std::max(span, gc[s0 * dk + d] - gc[(s1 - 1) * dk + d]);
-        factored[b] = span <= kMaxFactorLog ? 1.0f : 0.0f;
+      kda_cumulative_gates(g, t0, L, H, h, dk, gc);
+      for (int64_t b = 0; b * kKdaSubBlock < L; ++b) {
+        const int64_t s0 = b * kKdaSubBlock, s1 = std::min(L, s0 + kKdaSubBlock);
+        factored[b] = kda_sub_block_factored(gc, s0, s1, dk) ? 1.0f : 0.0f;
         if (factored[b] == 0.0f) continue;
         for (int64_t c = s0; c < s1; ++c) {
           const float* kc = k + row(t0 + c, dk);
@@ -132,7 +128,7 @@ void kda_chunked_ref(const float* q, const float* k, const float* v, const float
       // Factored sub-blocks: sum over d of xd_c[d] * kuT[d][i], d outer so that the inner loop
       // over i is contiguous; each out[i] still sums its terms in increasing d.
       auto decayed_dots = [&](const float* x, const float* xd, int64_t c, int64_t n, float* out) {
-        const int64_t b = c / kSubBlock;
+        const int64_t b = c / kKdaSubBlock;
         if (factored[b] != 0.0f) {
           const float* xr = xd + c * dk;
           const float* kub = kuT + b * dk * C;

@@ -59,4 +59,22 @@ void kda_chunked_ref(const float* q, const float* k, const float* v, const float
                      const float* beta, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t chunk,
                      float* state, float* o, float* scratch);
 
+// Pieces both chunked forms share (kda.cpp). Decay ratios exp(gc_c - gc_i) are factored through
+// the start s of c's sub-block of kKdaSubBlock steps: exp(gc_c - gc_s) * exp(gc_s - gc_i).
+// Within a sub-block both factors stay inside exp(+-kKdaMaxFactorLog); for i before the
+// sub-block both are <= 1. A sub-block whose decay span exceeds kKdaMaxFactorLog (possible only
+// without a gate lower bound) uses exact pairwise exponentials instead, so nothing overflows for
+// any gate values. The scratch holds kda_sub_blocks(chunk) sub-blocks per head.
+inline constexpr int64_t kKdaSubBlock = 16;
+inline constexpr float kKdaMaxFactorLog = 80.0f;  // exp(80) ~ 5.5e34 < FLT_MAX; exp(-80) normal
+inline int64_t kda_sub_blocks(int64_t chunk) {
+  return (chunk + kKdaSubBlock - 1) / kKdaSubBlock;
+}
+// gc [L, dk]: gc_c = gc_{c-1} + g_{t0+c} (head h of g [T, H, dk]; plain f32 additions).
+void kda_cumulative_gates(const float* g, int64_t t0, int64_t L, int64_t H, int64_t h, int64_t dk,
+                          float* gc);
+// Whether sub-block [s0, s1) of gc [., dk] may use the factored form: its largest decay
+// max_d (gc_s0 - gc_{s1-1}) is at most kKdaMaxFactorLog.
+bool kda_sub_block_factored(const float* gc, int64_t s0, int64_t s1, int64_t dk);
+
 }  // namespace attnres

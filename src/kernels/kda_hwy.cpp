@@ -255,13 +255,12 @@ void KdaRecurrentHead(const float* q, const float* k, const float* v, const floa
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill for one head: kda_chunked_ref()'s algorithm (see kda.cpp for the derivation)
 // on the same per-head scratch layout, which kda_chunk_scratch_floats() sizes.
-constexpr int64_t kSubBlock = 16;       // must match kda.cpp: the scratch holds ceil(C/16) blocks
-constexpr float kMaxFactorLog = 80.0f;  // exp(80) < FLT_MAX and inside Highway Exp's range
+// Sub-blocks as in the twin (kda.h); exp(+-kKdaMaxFactorLog) is inside Highway Exp's range.
 
 void KdaChunkedHead(const float* q, const float* k, const float* v, const float* g,
                     const float* beta, int64_t T, int64_t H, int64_t h, int64_t dk, int64_t dv,
                     int64_t C, float* S, float* o, float* scratch) {
-  const int64_t NB = (C + kSubBlock - 1) / kSubBlock;
+  const int64_t NB = kda_sub_blocks(C);
   float* gc = scratch;                  // [C, dk] cumulative log decay
   float* A = gc + C * dk;               // [C, C] A, then T = (I + A) diag(beta), then Aqk
   float* w = A + C * C;                 // [C, dk] w, then the decayed keys of the state update
@@ -276,17 +275,10 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
   const int64_t ldv = H * dv;  // token stride of v and o
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int64_t L = std::min(C, T - t0);
-    // gc_c = gc_{c-1} + g_c (plain additions: the same values as the twin's)
-    for (int64_t c = 0; c < L; ++c) {
-      const float* gt = g + row(t0 + c, dk);
-      for (int64_t d = 0; d < dk; ++d) gc[c * dk + d] = gt[d] + (c ? gc[(c - 1) * dk + d] : 0.0f);
-    }
-    for (int64_t b = 0; b * kSubBlock < L; ++b) {
-      const int64_t s0 = b * kSubBlock, s1 = std::min(L, s0 + kSubBlock);
-      float span = 0.0f;
-      for (int64_t d = 0; d < dk; ++d)
-        span = std::max(span, gc[s0 * dk + d] - gc[(s1 - 1) * dk + d]);
-      factored[b] = span <= kMaxFactorLog ? 1.0f : 0.0f;
+    kda_cumulative_gates(g, t0, L, H, h, dk, gc);  // the twin's values
+    for (int64_t b = 0; b * kKdaSubBlock < L; ++b) {
+      const int64_t s0 = b * kKdaSubBlock, s1 = std::min(L, s0 + kKdaSubBlock);
+      factored[b] = kda_sub_block_factored(gc, s0, s1, dk) ? 1.0f : 0.0f;
       if (factored[b] == 0.0f) continue;
       for (int64_t c = s0; c < s1; ++c) {
         ExpDiff(gc + c * dk, gc + s0 * dk, dk, tmp);
@@ -303,8 +295,8 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
     // Rows [s0, s1) of out (row stride C) = x_c . diag(exp(gc_c - gc_i)) k_i for i < s1 (the
     // caller keeps what it needs); x = k for A, q for Aqk; xd = the sub-block-decayed rows.
     auto decayed_dots = [&](const float* x, const float* xd, float* out) {
-      for (int64_t b = 0; b * kSubBlock < L; ++b) {
-        const int64_t s0 = b * kSubBlock, s1 = std::min(L, s0 + kSubBlock);
+      for (int64_t b = 0; b * kKdaSubBlock < L; ++b) {
+        const int64_t s0 = b * kKdaSubBlock, s1 = std::min(L, s0 + kKdaSubBlock);
         if (factored[b] != 0.0f) {
           MatArgs m;
           m.a = xd + s0 * dk;
@@ -484,7 +476,7 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                  float* o, float* scratch) {
   const int64_t per_head = kda_chunk_scratch_floats(1, chunk, dk, dv);
   // The per-head layout of KdaChunkedHead (the twin's, minus its accumulator row) must fit.
-  const int64_t nb = (chunk + HWY_NAMESPACE::kSubBlock - 1) / HWY_NAMESPACE::kSubBlock;
+  const int64_t nb = kda_sub_blocks(chunk);
   assert(per_head >= chunk * (4 * dk + chunk + dv + 1) + dk + nb * (chunk * dk + 1));
   (void)nb;
   const auto head = HWY_DYNAMIC_DISPATCH(KdaChunkedHead);
