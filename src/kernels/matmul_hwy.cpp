@@ -547,10 +547,9 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, 
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= row_scales; b += 2) {
-    if constexpr (MR == 1) {
-      Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
-      Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b + 1);
-    }
+    // b is even: the prefetch's line boundaries (every 4th block, every 64th scale) fall on b,
+    // never on b + 1.
+    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* sr = scale + (n0 + r) * row_scales + b;
