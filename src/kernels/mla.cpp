@@ -79,26 +79,37 @@ void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const 
   }
 }
 
+namespace {
+// Floats holding the [H + 2] MatmulJob array at the start of the absorbed scratch.
+int64_t absorbed_job_floats(const MlaDims& d) {
+  return (d.H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
+}
+}  // namespace
+
 int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T) {
   (void)T;  // one token at a time: the scratch is reused
-  // jobs [H + 2] MatmulJob, q_lat [H, r], q_rot [H, rope], scores [H, N] and [H, N], o_lat [H, r]
-  const int64_t job_floats =
-      (d.H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
-  return job_floats + d.H * (2 * d.r + d.rope + 2 * N);
+  return absorbed_job_floats(d) + d.H * (2 * d.r + d.rope + 2 * N);
+}
+
+MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch) {
+  MlaAbsorbedScratch s;
+  s.jobs = reinterpret_cast<MatmulJob*>(scratch);
+  s.q_lat = scratch + absorbed_job_floats(d);
+  s.q_rot = s.q_lat + d.H * d.r;
+  s.s_lat = s.q_rot + d.H * d.rope;
+  s.s_rot = s.s_lat + d.H * N;
+  s.o_lat = s.s_rot + d.H * N;
+  return s;
 }
 
 void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                              const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                              float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
-  const int64_t job_floats =
-      (H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
-  auto* jobs = reinterpret_cast<MatmulJob*>(scratch);  // [H + 2]
-  float* q_lat = scratch + job_floats;                 // [H, r]
-  float* q_rot = q_lat + H * r;                        // [H, rope]
-  float* s_lat = q_rot + H * d.rope;                   // [H, N] latent part of the scores
-  float* s_rot = s_lat + H * N;                        // [H, N] rope part of the scores
-  float* o_lat = s_rot + H * N;                        // [H, r]
+  const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch);
+  MatmulJob* jobs = sc.jobs;
+  float *q_lat = sc.q_lat, *q_rot = sc.q_rot, *s_lat = sc.s_lat, *s_rot = sc.s_rot;
+  float* o_lat = sc.o_lat;
   const bool wbf16 = kv_b_proj.dtype == DType::kBF16;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n_ctx = P + t + 1;

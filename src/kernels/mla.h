@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "kernels/matmul.h"
 #include "util/tensor.h"
 
 namespace attnres {
@@ -39,6 +40,17 @@ void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const 
                              const float* k_rot, int64_t N, float* o, float* scratch);
 
 int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T);
+// The absorbed form's scratch (mla_absorbed_scratch_floats floats), carved the same way by the
+// fast kernel and its twin.
+struct MlaAbsorbedScratch {
+  MatmulJob* jobs;  // [H + 2]
+  float* q_lat;     // [H, r]
+  float* q_rot;     // [H, rope]
+  float* s_lat;     // [H, N] latent part of the scores
+  float* s_rot;     // [H, N] rope part of the scores
+  float* o_lat;     // [H, r]
+};
+MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch);
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch);

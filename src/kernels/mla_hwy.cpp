@@ -374,15 +374,11 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
-  // Scratch layout of mla_absorbed_scratch_floats() (shared with the twin).
-  const int64_t job_floats =
-      (H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
-  auto* jobs = reinterpret_cast<MatmulJob*>(scratch);  // [H + 2]
-  float* q_lat = scratch + job_floats;                 // [H, r]
-  float* q_rot = q_lat + H * r;                        // [H, rope]
-  float* s_lat = q_rot + H * d.rope;                   // [H, n_ctx] latent part of the scores
-  float* s_rot = s_lat + H * N;                        // [H, n_ctx] rope part of the scores
-  float* o_lat = s_rot + H * N;                        // [H, r]
+  // The twin's scratch layout (s_lat / s_rot rows are n_ctx long within their [H, N] space).
+  const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch);
+  MatmulJob* jobs = sc.jobs;
+  float *q_lat = sc.q_lat, *q_rot = sc.q_rot, *s_lat = sc.s_lat, *s_rot = sc.s_rot;
+  float* o_lat = sc.o_lat;
   const bool wbf16 = kv_b_proj.dtype == DType::kBF16;
   const auto qlat_f32 = HWY_DYNAMIC_DISPATCH(QLatHeadF32);
   const auto qlat_bf16 = HWY_DYNAMIC_DISPATCH(QLatHeadBf16);
