@@ -155,22 +155,32 @@ void context_once() {
 // ---------------------------------------------------------------------------------------------
 // GEMV (decode)
 
-// args: N, K
-void BM_GemvBf16(benchmark::State& state) {
+// Decode GEMV over bf16 weights [N, K] (args N, K): f32 activations through matmul(), or bf16
+// activations through matmul_bf16() (vdpbf16ps where the CPU has AVX512_BF16).
+void gemv_bf16_weights(benchmark::State& state, bool bf16_act) {
   context_once();
   const int64_t N = state.range(0), K = state.range(1);
   const int64_t per = N * K, copies = copies_for(per * 2);
   const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
   const std::vector<float> x = random_f32(K, 2);             // [K]
+  const std::vector<bf16> xh = random_bf16(K, 2);            // [K]
   std::vector<float> y(static_cast<size_t>(N));              // [N]
   const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
   time_gemv_paired(
       state, copies, per * 2,
       [&](int64_t c) {
-        matmul(x.data(), 1, bf16_view(w, N, K, c * per), y.data());
+        if (bf16_act) {
+          matmul_bf16(xh.data(), 1, bf16_view(w, N, K, c * per), y.data());
+        } else {
+          matmul(x.data(), 1, bf16_view(w, N, K, c * per), y.data());
+        }
         benchmark::DoNotOptimize(y.data());
       },
       [&](int64_t o) { return stream_read_pass(bytes + o * per * 2, per * 2, 0); });
+}
+
+void BM_GemvBf16(benchmark::State& state) {
+  gemv_bf16_weights(state, false);
 }
 BENCHMARK(BM_GemvBf16)
     ->ArgNames({"N", "K"})
@@ -341,20 +351,7 @@ BENCHMARK(BM_GemmBf16Act)
 
 // args: N, K. Decode GEMV with a bf16 activation vector (same weight bytes as BM_GemvBf16).
 void BM_GemvBf16Act(benchmark::State& state) {
-  context_once();
-  const int64_t N = state.range(0), K = state.range(1);
-  const int64_t per = N * K, copies = copies_for(per * 2);
-  const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
-  const std::vector<bf16> x = random_bf16(K, 2);             // [K]
-  std::vector<float> y(static_cast<size_t>(N));              // [N]
-  const auto* bytes = reinterpret_cast<const std::byte*>(w.data());
-  time_gemv_paired(
-      state, copies, per * 2,
-      [&](int64_t c) {
-        matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data());
-        benchmark::DoNotOptimize(y.data());
-      },
-      [&](int64_t o) { return stream_read_pass(bytes + o * per * 2, per * 2, 0); });
+  gemv_bf16_weights(state, true);
 }
 BENCHMARK(BM_GemvBf16Act)
     ->ArgNames({"N", "K"})
