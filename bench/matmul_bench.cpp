@@ -231,6 +231,67 @@ BENCHMARK(BM_GemvMxfp4)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// The decode MoE step as the model issues it: one batch of 2 x E_act jobs (w1 and w3 of E_act
+// distinct experts chosen at random from a pool spanning >= 3x the last-level cache, so every
+// expert comes from DRAM), T = 1, bf16 activations (the bf16 flow). Args: E_act, N, K (k3-mini's
+// latent experts are [512, 512] with 8 active; Kimi-K3's are [3072, 3584] with 16). Counters as
+// the GEMV benchmarks; of_read_paired pairs each batch with a STREAM read pass over as many
+// bytes of other experts (contiguous), mean_GB/s is total bytes / total batch time.
+void BM_GemvMxfp4Experts(benchmark::State& state) {
+  context_once();
+  const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
+  const int64_t pb = N * K / 2, ps = N * K / 32, per_expert = 2 * (pb + ps);
+  const int64_t pool = std::max<int64_t>(4 * active, copies_for(per_expert));
+  const std::vector<uint8_t> packed = random_bytes(2 * pb * pool, 3, 0, 255);  // [pool, 2, N, K/2]
+  const std::vector<uint8_t> scale =
+      random_bytes(2 * ps * pool, 4, 118, 124);  // [pool, 2, N, K/32]
+  std::vector<float> x = random_f32(K, 5);       // [K]
+  std::vector<bf16> xh(static_cast<size_t>(K));
+  for (float& v : x) v = round_bf16(v);
+  if (!bf16_exact_copy(x.data(), K, xh.data())) state.SkipWithError("x not bf16-exact");
+  std::vector<float> y(static_cast<size_t>(2 * active * N));  // [2 E_act, N]
+  std::vector<MatmulJob> jobs(static_cast<size_t>(2 * active));
+  std::vector<int64_t> ids(static_cast<size_t>(pool));
+  for (int64_t e = 0; e < pool; ++e) ids[static_cast<size_t>(e)] = e;
+  std::mt19937 rng(9);
+  BestOf best, read;
+  int64_t round = 0;
+  for (auto _ : state) {
+    std::shuffle(ids.begin(), ids.end(), rng);     // the first `active` are this step's experts
+    std::sort(ids.begin(), ids.begin() + active);  // the model runs them in index order
+    for (int64_t a = 0; a < active; ++a)
+      for (int64_t m = 0; m < 2; ++m) {
+        const int64_t e = ids[static_cast<size_t>(a)] * 2 + m;
+        MatmulJob& j = jobs[static_cast<size_t>(2 * a + m)];
+        j = mxfp4_job(x.data(), 1, packed.data() + e * pb, scale.data() + e * ps, N, K,
+                      y.data() + (2 * a + m) * N);
+        j.xh = xh.data();
+      }
+    best.time([&] { matmul_batch(jobs.data(), 2 * active); });
+    benchmark::DoNotOptimize(y.data());
+    // Another `active` experts' bytes, contiguous (rarely overlapping this step's experts).
+    const int64_t o = round * 7919 % (pool - active + 1);
+    read.time([&] {
+      const auto* p = reinterpret_cast<const std::byte*>(packed.data() + 2 * o * pb);
+      const auto* q = reinterpret_cast<const std::byte*>(scale.data() + 2 * o * ps);
+      benchmark::DoNotOptimize(stream_read_pass(p, 2 * active * pb, 0) +
+                               stream_read_pass(q, 2 * active * ps, 0));
+    });
+    ++round;
+  }
+  set_bandwidth_counters(state, active * per_expert, best, &read);
+  state.counters["mean_GB/s"] = static_cast<double>(active * per_expert) *
+                                static_cast<double>(state.iterations()) / best.total() * 1e-9;
+  state.counters["read_mean_GB/s"] = static_cast<double>(active * per_expert) *
+                                     static_cast<double>(state.iterations()) / read.total() * 1e-9;
+}
+BENCHMARK(BM_GemvMxfp4Experts)
+    ->ArgNames({"E_act", "N", "K"})
+    ->Args({8, 512, 512})
+    ->Args({16, 3072, 3584})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // OpenBLAS sgemv on f32 weights (twice the bytes of bf16), for reference.
 void BM_GemvOpenblasF32(benchmark::State& state) {
   context_once();

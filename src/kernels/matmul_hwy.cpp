@@ -239,13 +239,13 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 #endif
 }
 
-// Decode (one token) streams each MXFP4 row once: prefetch block b of the rows two tiles ahead
+// Decode (one token) streams each MXFP4 row once: prefetch block b of the rows four tiles ahead
 // (one line per 4 blocks, and their scales one line per 64 blocks), as in DenseTile.
 HWY_INLINE void Mxfp4PrefetchNext(const uint8_t* packed, const uint8_t* scale, int64_t N, int64_t K,
                                   int64_t n0, int NR, int64_t b) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   for (int r = 0; r < NR; ++r) {
-    const int64_t n = n0 + 2 * NR + r;
+    const int64_t n = n0 + 4 * NR + r;
     if (n >= N) break;
     if ((b & 3) == 0) PrefetchL2(packed + n * row_bytes + b * 16);
     if ((b & 63) == 0) PrefetchL2(scale + n * row_scales + b);
@@ -510,6 +510,32 @@ ATTNRES_BF16_DOT HWY_INLINE __m512i ScaledBf16Table(__m512 values, uint8_t s0, u
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t1, t0));  // words 0-15: t0, 16-31: t1
 }
 
+// ScaledBf16Table(values, s, s)'s low 16 words for every scale byte s (8 KiB, L1-resident),
+// built once with that function, so a pair's table is two 32-byte loads instead of two
+// multiplies and a conversion per row.
+struct alignas(64) ScaledBf16Tables {
+  uint16_t w[256][16];
+};
+ATTNRES_BF16_DOT const ScaledBf16Tables& ScaledTables() {
+  static const ScaledBf16Tables t = [] {
+    ScaledBf16Tables r;
+    const __m512 values = _mm512_loadu_ps(kE2m1Values);
+    for (int s = 0; s < 256; ++s) {
+      const __m512i v = ScaledBf16Table(values, static_cast<uint8_t>(s), static_cast<uint8_t>(s));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(r.w[s]), _mm512_castsi512_si256(v));
+    }
+    return r;
+  }();
+  return t;
+}
+
+// Words 0-15: block scale s0's table, 16-31: s1's (as ScaledBf16Table(values, s0, s1)).
+ATTNRES_BF16_DOT HWY_INLINE __m512i PairTable(const ScaledBf16Tables& t, uint8_t s0, uint8_t s1) {
+  const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.w[s0]));
+  const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.w[s1]));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 // One block alone (the odd last block): lane j takes the pair (w[2j], w[2j + 1]) = the nibbles
 // of byte j. With the byte zero-extended to 32 bits as d, d | (d << 12) holds the low nibble in
 // the low word's index bits (bit 4 may hold the high nibble's low bit: the table holds the
@@ -529,6 +555,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, 
                                                 float* HWY_RESTRICT y, int64_t ldy) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
+  const ScaledBf16Tables& tables = ScaledTables();
   // Word i of the index vectors: 2i (even elements of the 64) / 2i + 1 (odd) for the tokens;
   // 16 for the second block's half of the weight table.
   alignas(64) static constexpr uint16_t kEvenIdx[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
@@ -553,7 +580,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, 
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* sr = scale + (n0 + r) * row_scales + b;
-      const __m512i table = ScaledBf16Table(values, sr[0], sr[1]);
+      const __m512i table = PairTable(tables, sr[0], sr[1]);
       const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(packed + (n0 + r) * row_bytes + b * 16)));
       // (w & 0x0f) | second, and (w >> 4) | second (w < 256, so w >> 4 < 16)
