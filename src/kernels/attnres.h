@@ -113,4 +113,10 @@ inline float attnres_inv_rms(float sumsq, int64_t dim, float eps) {
 // Name of the Highway target the fused step runs on ("AVX3", "AVX2", ...).
 std::string attnres_target_name();
 
+// Test hook: allows (the default) or forbids the AVX512_BF16 conversion instruction for the
+// fused step's bf16 casts. Both give bitwise the same results (the tests compare them); this
+// only exists so that they can. Returns whether the instruction is now used (allowed, the CPU
+// has AVX512_BF16 and the dispatched target is AVX3). Not for use while a step runs.
+bool attnres_set_hw_bf16_casts(bool enabled);
+
 }  // namespace attnres

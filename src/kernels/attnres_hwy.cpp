@@ -42,6 +42,18 @@
 
 #include "kernels/attnres.h"
 #include "kernels/bf16_hwy-inl.h"
+#include "util/cpu.h"
+
+// Defined once although foreach_target.h includes this file once per target.
+#ifndef ATTNRES_KERNELS_ATTNRES_HWY_ONCE_
+#define ATTNRES_KERNELS_ATTNRES_HWY_ONCE_
+namespace attnres {
+namespace {
+// attnres_set_hw_bf16_casts() (a test hook): whether the AVX512_BF16 casts may be used.
+std::atomic<bool> g_hw_bf16_casts{true};
+}  // namespace
+}  // namespace attnres
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -219,13 +231,15 @@ constexpr int64_t kAddWork = 4;
 constexpr int64_t kMixExtraWork = 2;
 constexpr int64_t kNormWork = 3;
 
+// `hw_done`: the columns [0, hw_done) were already done by AddRowHw, which left its
+// accumulators in ss and dq (the loops below continue in the same order).
 template <typename T>
 HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, const float* q,
-                       int64_t d, float* sumsq, float* dot, Prefetcher& pf) {
+                       int64_t d, float* sumsq, float* dot, Prefetcher& pf, VF ss, VF dq,
+                       int64_t hw_done) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  VF ss = hn::Zero(df), dq = hn::Zero(df);
-  int64_t j = 0;
+  int64_t j = hw_done;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16>) {
     // Two vectors per iteration, accumulated in the same order as the loop below (column block
@@ -265,11 +279,171 @@ HWY_INLINE void AddRow(const T* rs_in, const T* pending, T* rs_out, T* commit, c
   *dot = p;
 }
 
+#if HWY_TARGET == HWY_AVX3
+// Hardware casts (AVX512_BF16: Zen 4, Cooper Lake, Sapphire Rapids). vcvtne2ps2bf16 rounds two
+// f32 vectors to 32 bf16 with round to nearest even, quiets NaN as Round() does (upper half |
+// 0x0040) and overflows to inf as Round() does, but flushes denormal inputs to signed zero where
+// Round() rounds them: every converted pair is tested for denormal lanes (vfpclassps) and falls
+// back to Round() when it has any, so the results are bitwise those of Round(). One instruction
+// replaces two Round() (8 operations each) and the packing shuffle. Highway 1.0.3 has no target
+// for it: raw intrinsics under an extra target attribute (as kernels/matmul_hwy.cpp does for
+// vdpbf16ps), in loops that are not inlined into the AVX3 code and run only when the CPU
+// reports the feature (StepImpl).
+#define ATTNRES_BF16_CVT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+// Cvt2 without the instruction (some lane denormal; rare): words [0, 16) = T(lo), [16, 32) = T(hi).
+HWY_NOINLINE __m512i Cvt2Soft(__m512 hi, __m512 lo) {
+  const DF df;
+  const hn::Repartition<uint16_t, DF> d16;
+  const VF rl = Round<bf16>(df, VF{lo}), rh = Round<bf16>(df, VF{hi});
+  return hn::ConcatOdd(d16, hn::BitCast(d16, rh), hn::BitCast(d16, rl)).raw;
+}
+
+// 32 bf16: words [0, 16) = T(lo), [16, 32) = T(hi), bitwise as Round().
+ATTNRES_BF16_CVT HWY_INLINE __m512i Cvt2(__m512 hi, __m512 lo) {
+  constexpr int kDenormal = 0x20;  // vfpclassps category: denormal
+  const __mmask16 m = static_cast<__mmask16>(_mm512_fpclass_ps_mask(lo, kDenormal) |
+                                             _mm512_fpclass_ps_mask(hi, kDenormal));
+  if (HWY_LIKELY(m == 0)) return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  return Cvt2Soft(hi, lo);
+}
+
+ATTNRES_BF16_CVT HWY_INLINE __m512i LoadWords(const uint16_t* p) {
+  return _mm512_loadu_si512(p);
+}
+
+// Word permutations (vpermw indices: result word k = source word idx[k]).
+// kWidenLo/kWidenHi: word 2i + 1 = word i (resp. 16 + i), so that with the even words zeroed
+// lane i is the f32 of column i (resp. 16 + i) of a natural 32-column vector.
+alignas(64) constexpr uint16_t kWidenLo[32] = {0, 0,  0, 1,  0, 2,  0, 3,  0, 4, 0,
+                                               5, 0,  6, 0,  7, 0,  8, 0,  9, 0, 10,
+                                               0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+alignas(64) constexpr uint16_t kWidenHi[32] = {0,  16, 0,  17, 0,  18, 0,  19, 0,  20, 0,
+                                               21, 0,  22, 0,  23, 0,  24, 0,  25, 0,  26,
+                                               0,  27, 0,  28, 0,  29, 0,  30, 0,  31};
+// [16 even columns | 16 odd columns] -> natural order: word 2i = i, word 2i + 1 = 16 + i.
+alignas(64) constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                  21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+// Pass 4's column order after its first cast (see NormHw) -> natural: word 4m + r = 8r + m.
+alignas(64) constexpr uint16_t kNormOrder[32] = {0,  8,  16, 24, 1,  9,  17, 25, 2,  10, 18,
+                                                 26, 3,  11, 19, 27, 4,  12, 20, 28, 5,  13,
+                                                 21, 29, 6,  14, 22, 30, 7,  15, 23, 31};
+// Gain columns in that order (vpermt2ps over the 32 columns): lanes of the first product
+// vector are columns 4i (i < 8) then 4(i - 8) + 1; of the second 4i + 2 then 4(i - 8) + 3.
+alignas(64) constexpr uint32_t kGainA[16] = {0, 4, 8, 12, 16, 20, 24, 28,
+                                             1, 5, 9, 13, 17, 21, 25, 29};
+alignas(64) constexpr uint32_t kGainB[16] = {2, 6, 10, 14, 18, 22, 26, 30,
+                                             3, 7, 11, 15, 19, 23, 27, 31};
+
+// Pass 1's 2L-column loop with the hardware cast (same accumulation order as AddRow's):
+// returns the first column not done.
+ATTNRES_BF16_CVT HWY_NOINLINE int64_t AddRowHw(const bf16* rs_in, const bf16* pending, bf16* rs_out,
+                                               bf16* commit, const float* q, int64_t d, VF* ss_io,
+                                               VF* dq_io, Prefetcher& pf) {
+  const DF df;
+  constexpr int64_t N = 16;
+  const __m512i widen_lo = _mm512_load_si512(kWidenLo), widen_hi = _mm512_load_si512(kWidenHi);
+  constexpr __mmask32 kOddWords = 0xaaaaaaaau;
+  VF ss = *ss_io, dq = *dq_io;
+  int64_t j = 0;
+  for (; j + 2 * N <= d; j += 2 * N) {
+    pf.Touch(2 * kAddWork * N);
+    const VF a = hn::Add(LoadF(df, rs_in + j), LoadF(df, pending + j));
+    const VF b = hn::Add(LoadF(df, rs_in + j + N), LoadF(df, pending + j + N));
+    const __m512i c = Cvt2(b.raw, a.raw);
+    _mm512_storeu_si512(rs_out + j, c);
+    if (commit) _mm512_storeu_si512(commit + j, c);
+    const VF ra{_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, widen_lo, c))};
+    const VF rb{_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, widen_hi, c))};
+    ss = hn::MulAdd(ra, ra, ss);
+    if (q) dq = hn::MulAdd(ra, hn::LoadU(df, q + j), dq);
+    ss = hn::MulAdd(rb, rb, ss);
+    if (q) dq = hn::MulAdd(rb, hn::LoadU(df, q + j + N), dq);
+  }
+  *ss_io = ss;
+  *dq_io = dq;
+  return j;
+}
+
+// Pass 3's 2L-column loop with the hardware cast (same operations and accumulation order as
+// StepRow's): returns the first column not done.
+ATTNRES_BF16_CVT HWY_NOINLINE int64_t MixHw(const bf16* const* rows, int n, const float* score,
+                                            bf16* out, bf16* raw, int64_t d, VF* ss_io,
+                                            VF* ss_odd_io, Prefetcher& pf) {
+  const DF df;
+  const DU du;
+  constexpr int64_t N = 16;
+  const auto hi_mask = hn::Set(du, 0xffff0000u);
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  VF ss = *ss_io, ss_odd = *ss_odd_io;
+  int64_t j = 0;
+  for (; j + 2 * N <= d; j += 2 * N) {
+    pf.Touch((n + kMixExtraWork) * 2 * N);
+    const auto r0 = hn::BitCast(du, VF{_mm512_castsi512_ps(LoadWords(&rows[0][j].bits))});
+    const VF p0 = hn::Set(df, score[0]);
+    VF even = hn::Mul(p0, hn::BitCast(df, hn::ShiftLeft<16>(r0)));
+    VF odd = hn::Mul(p0, hn::BitCast(df, hn::And(r0, hi_mask)));
+    for (int s = 1; s < n; ++s) {
+      const auto r = hn::BitCast(du, VF{_mm512_castsi512_ps(LoadWords(&rows[s][j].bits))});
+      const VF ps = hn::Set(df, score[s]);
+      even = hn::Add(even, hn::Mul(ps, hn::BitCast(df, hn::ShiftLeft<16>(r))));
+      odd = hn::Add(odd, hn::Mul(ps, hn::BitCast(df, hn::And(r, hi_mask))));
+    }
+    const __m512i packed = _mm512_permutexvar_epi16(interleave, Cvt2(odd.raw, even.raw));
+    _mm512_storeu_si512(out + j, packed);
+    if (raw) _mm512_storeu_si512(raw + j, packed);
+    const auto pu = hn::BitCast(du, VF{_mm512_castsi512_ps(packed)});
+    const VF me = hn::BitCast(df, hn::ShiftLeft<16>(pu)),
+             mo = hn::BitCast(df, hn::And(pu, hi_mask));
+    ss = hn::MulAdd(me, me, ss);
+    ss_odd = hn::MulAdd(mo, mo, ss_odd);
+  }
+  *ss_io = ss;
+  *ss_odd_io = ss_odd;
+  return j;
+}
+
+// Pass 4's 2L-column loop with the hardware casts, in place: returns the first column not done.
+// Elementwise, so the columns may travel in any order between the casts: the 32 columns are
+// split by a shift and a mask (lanes: columns 2i, then 2i + 1), the first cast packs them as
+// [16 even | 16 odd] words, which the same shift and mask split into columns 4i, 4i + 1 (first
+// vector) and 4i + 2, 4i + 3 (second), the gain is gathered in that order, and one vpermw after
+// the second cast restores the natural order.
+ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, float inv, int64_t d,
+                                             Prefetcher& pf) {
+  const DF df;
+  const DU du;
+  constexpr int64_t N = 16;
+  const auto hi_mask = hn::Set(du, 0xffff0000u);
+  const VF vinv = hn::Set(df, inv);
+  const __m512i order = _mm512_load_si512(kNormOrder);
+  const __m512i gain_a = _mm512_load_si512(kGainA), gain_b = _mm512_load_si512(kGainB);
+  int64_t j = 0;
+  for (; j + 2 * N <= d; j += 2 * N) {
+    pf.Touch(kNormWork * 2 * N);
+    const auto r = hn::BitCast(du, VF{_mm512_castsi512_ps(LoadWords(&out[j].bits))});
+    const VF xe = hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(r)), vinv);
+    const VF xo = hn::Mul(hn::BitCast(df, hn::And(r, hi_mask)), vinv);
+    const auto x = hn::BitCast(du, VF{_mm512_castsi512_ps(Cvt2(xo.raw, xe.raw))});
+    const __m512 g0 = _mm512_loadu_ps(gain + j), g1 = _mm512_loadu_ps(gain + j + N);
+    const VF ga{_mm512_permutex2var_ps(g0, gain_a, g1)}, gb{_mm512_permutex2var_ps(g0, gain_b, g1)};
+    const VF ya = hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(x)), ga);
+    const VF yb = hn::Mul(hn::BitCast(df, hn::And(x, hi_mask)), gb);
+    _mm512_storeu_si512(out + j, _mm512_permutexvar_epi16(order, Cvt2(yb.raw, ya.raw)));
+  }
+  return j;
+}
+#undef ATTNRES_BF16_CVT
+#endif  // HWY_TARGET == HWY_AVX3
+
 // One token row t of the step (passes 1-4 in the file comment). `ahead` is the row this thread
 // computes kPrefetchRowsAhead rows later (-1: none); its sources are prefetched along the way.
 // source's row t is read.
+// `hw`: use the hardware casts (AVX3 with AVX512_BF16, bf16 only; see Cvt2).
 template <typename T>
-void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
+void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw) {
+  (void)hw;  // used on AVX3 only
   const int64_t d = a.dim;
   const int n = a.num_sources();
   const bool add = a.rs_in != nullptr && a.pending != nullptr;
@@ -298,8 +472,19 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
   float rs_sumsq = 0.0f, rs_dot = 0.0f;
   if (add) {
     T* commit = (a.commit && a.commit + o != a.rs_out + o) ? a.commit + o : nullptr;
-    AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, scored ? a.query : nullptr, d,
-           &rs_sumsq, &rs_dot, pf);
+    const float* q = scored ? a.query : nullptr;
+    VF add_ss = hn::Zero(df), add_dq = hn::Zero(df);
+    int64_t done = 0;
+#if HWY_TARGET == HWY_AVX3
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (hw) {
+        done =
+            AddRowHw(a.rs_in + o, a.pending + o, a.rs_out + o, commit, q, d, &add_ss, &add_dq, pf);
+      }
+    }
+#endif
+    AddRow(a.rs_in + o, a.pending + o, a.rs_out + o, commit, q, d, &rs_sumsq, &rs_dot, pf, add_ss,
+           add_dq, done);
     rs = a.rs_out + o;
   } else {
     rs = (a.rs_in ? a.rs_in : a.pending) + o;
@@ -347,6 +532,9 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
     const hn::Repartition<uint16_t, DF> d16;
     const auto hi_mask = hn::Set(du, 0xffff0000u);
     VF ss_odd = hn::Zero(df);
+#if HWY_TARGET == HWY_AVX3
+    if (hw) j = MixHw(rows, n, score, out, raw, d, &ss, &ss_odd, pf);
+#endif
     for (; j + 2 * N <= d; j += 2 * N) {
       pf.Touch((n + kMixExtraWork) * 2 * N);
       auto raw_bits = [&](int s) {
@@ -408,6 +596,9 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
     const DU du;
     const hn::Repartition<uint16_t, DF> d16;
     const auto hi_mask = hn::Set(du, 0xffff0000u);
+#if HWY_TARGET == HWY_AVX3
+    if (hw) j = NormHw(out, a.norm_weight, inv, d, pf);
+#endif
     for (; j + 2 * N <= d; j += 2 * N) {
       pf.Touch(kNormWork * 2 * N);
       const auto r = hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(out + j)));
@@ -440,6 +631,15 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead) {
 // do not depend on the thread count or on which thread takes a chunk.
 constexpr int64_t kChunk = 8;
 
+// Whether this target and CPU run the hardware casts (and the test hook allows them).
+bool HwCasts() {
+#if HWY_TARGET == HWY_AVX3
+  return cpu_info().avx512bf16 && g_hw_bf16_casts.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
 template <typename T>
 void StepImpl(const AttnResStepArgs<T>& a) {
   assert(a.num_sources() >= 1 && a.num_sources() <= kMaxAttnResSources);
@@ -447,6 +647,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
   assert(!(a.rs_in && a.pending) || a.rs_out != nullptr);
   assert(a.commit == nullptr || a.commit_inv_rms != nullptr);
   const int64_t tokens = a.tokens;
+  const bool hw = std::is_same_v<T, bf16> && HwCasts();
   std::atomic<int64_t> counter{0};
 #pragma omp parallel if (tokens * a.dim >= kAttnResParallelMinElements)
   {
@@ -461,7 +662,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
       return r < std::min(following + kChunk, tokens) ? r : -1;
     };
     while (t < tokens) {
-      StepRow(a, t, ahead(kPrefetchRowsAhead));
+      StepRow(a, t, ahead(kPrefetchRowsAhead), hw);
       ++t;
       if (t == end) {
         if (following < 0) following = counter.fetch_add(kChunk, std::memory_order_relaxed);
@@ -482,6 +683,9 @@ void AttnResStepF32(const AttnResStepArgs<float>& a) {
 int64_t AttnResChosenTarget() {
   return HWY_TARGET;
 }
+bool AttnResHwCasts() {
+  return HwCasts();
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attnres
@@ -493,12 +697,17 @@ namespace attnres {
 HWY_EXPORT(AttnResStepBf16);
 HWY_EXPORT(AttnResStepF32);
 HWY_EXPORT(AttnResChosenTarget);
+HWY_EXPORT(AttnResHwCasts);
 
 void attnres_step(const AttnResStepArgs<bf16>& a) {
   HWY_DYNAMIC_DISPATCH(AttnResStepBf16)(a);
 }
 void attnres_step(const AttnResStepArgs<float>& a) {
   HWY_DYNAMIC_DISPATCH(AttnResStepF32)(a);
+}
+bool attnres_set_hw_bf16_casts(bool enabled) {
+  g_hw_bf16_casts.store(enabled, std::memory_order_relaxed);
+  return HWY_DYNAMIC_DISPATCH(AttnResHwCasts)();
 }
 std::string attnres_target_name() {
   return hwy::TargetName(HWY_DYNAMIC_DISPATCH(AttnResChosenTarget)());

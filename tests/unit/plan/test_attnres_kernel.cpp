@@ -108,7 +108,7 @@ struct Outputs {
 enum class Mode { kAdd, kRestart, kNoPending };
 
 template <typename T>
-Outputs<T> run(const Problem<T>& p, Mode mode, bool commit, bool fused) {
+Outputs<T> run(const Problem<T>& p, Mode mode, bool commit, bool fused, float norm_eps = 1e-5f) {
   const size_t n = static_cast<size_t>(p.tokens * p.dim);
   Outputs<T> o;
   o.rs_out.assign(n, T{});
@@ -126,7 +126,7 @@ Outputs<T> run(const Problem<T>& p, Mode mode, bool commit, bool fused) {
   a.tokens = p.tokens;
   a.dim = p.dim;
   a.res_eps = 1e-5f;
-  a.norm_eps = 1e-5f;
+  a.norm_eps = norm_eps;
   a.num_slots = p.slots;
   a.slots = slots.data();
   a.slot_inv_rms = inv.data();
@@ -340,6 +340,162 @@ TEST(AttnResKernel, ThreadCountInvariant) {
     ASSERT_EQ(one.rs_out[i].bits, two.rs_out[i].bits) << i;
   }
   EXPECT_EQ(one.commit_inv, two.commit_inv);
+}
+
+// The hardware bf16 casts (AVX512_BF16 vcvtne2ps2bf16, used by the fused step where the CPU has
+// them) flush denormal inputs to zero where the software cast rounds them: the kernel tests each
+// converted pair and falls back. Rows built to give denormal, infinite and NaN values at the
+// casts of pass 1 (the add), pass 3 (the mixture) and pass 4 (both casts of the norm: a norm eps
+// of 1 lets x * inv itself be denormal; gains of 2^-130 and 1e38 make the second cast denormal
+// or overflow) must give bitwise the same outputs with and without the instruction.
+template <typename T>
+size_t count_denormal(const std::vector<T>& v) {
+  size_t n = 0;
+  for (const T& x : v) n += (x.bits & 0x7f80) == 0 && (x.bits & 0x7f) != 0;
+  return n;
+}
+
+template <typename T>
+size_t count_nonfinite(const std::vector<T>& v) {
+  size_t n = 0;
+  for (const T& x : v) n += (x.bits & 0x7f80) == 0x7f80;
+  return n;
+}
+
+// Row r of a problem becomes special: scaled into (or below) the bf16 denormal range, a NaN in
+// one source, or values near the bf16 maximum (the add overflows, the mixture nears it).
+void make_special_rows(Problem<bf16>& p) {
+  const auto d = static_cast<size_t>(p.dim);
+  auto rows_of = [&](size_t r, auto&& f) {
+    auto apply = [&](std::vector<bf16>& v) {
+      for (size_t j = 0; j < d; ++j) v[r * d + j] = f32_to_bf16(f(bf16_to_f32(v[r * d + j]), j));
+    };
+    for (auto& b : p.bank) apply(b);
+    apply(p.rs_in);
+    apply(p.pending);
+  };
+  for (size_t r = 0; r < static_cast<size_t>(p.tokens); ++r) {
+    switch (r % 6) {
+      case 0:  // unchanged
+        break;
+      case 1:  // mostly normal, sums and mixtures cross 2^-126
+        rows_of(r, [](float x, size_t) { return std::ldexp(x, -125); });
+        break;
+      case 2:  // bf16 denormals throughout
+        rows_of(r, [](float x, size_t) { return std::ldexp(x, -129); });
+        break;
+      case 3:  // near the bf16 maximum: the add overflows to inf, inf - inf gives NaN
+        rows_of(r, [](float x, size_t) { return std::ldexp(x, 126); });
+        break;
+      case 4:  // one NaN in the first source (and the mix of that row turns NaN)
+        rows_of(r, [](float x, size_t j) { return j == 5 ? NAN : x; });
+        break;
+      default:  // a mix of scales column by column
+        rows_of(r, [](float x, size_t j) { return std::ldexp(x, j % 3 == 0 ? -128 : -100); });
+        break;
+    }
+  }
+}
+
+TEST(AttnResKernel, HardwareCastsAreBitwiseTheSoftwareCast) {
+  const bool hw = attnres_set_hw_bf16_casts(true);
+  std::printf("  hardware bf16 casts %s (target %s)\n", hw ? "used" : "not available",
+              attnres_target_name().c_str());
+  size_t denormal_rs = 0, denormal_raw = 0, denormal_out = 0, nonfinite = 0;
+  for (int64_t d : {int64_t{517}, int64_t{1024}}) {  // not and a multiple of 32 columns
+    for (int slots = 0; slots <= 8; ++slots) {
+      for (bool special_gain : {false, true}) {
+        Problem<bf16> p(12, d, slots, 500u + static_cast<uint32_t>(slots));
+        make_special_rows(p);
+        if (special_gain) {
+          for (size_t j = 0; j < p.gain.size(); ++j) {
+            if (j % 5 == 1) p.gain[j] = std::ldexp(1.0f, -130);
+            if (j % 5 == 3) p.gain[j] = 1e38f;
+          }
+        }
+        for (float norm_eps : {1e-5f, 1.0f}) {
+          for (Mode mode : {Mode::kAdd, Mode::kNoPending}) {
+            const std::string what = "d=" + std::to_string(d) + " S=" + std::to_string(slots + 1) +
+                                     " gain " + std::to_string(special_gain) + " eps " +
+                                     std::to_string(norm_eps) + " mode " +
+                                     std::to_string(static_cast<int>(mode));
+            attnres_set_hw_bf16_casts(true);
+            const Outputs<bf16> h = run(p, mode, true, true, norm_eps);
+            attnres_set_hw_bf16_casts(false);
+            const Outputs<bf16> s = run(p, mode, true, true, norm_eps);
+            attnres_set_hw_bf16_casts(true);
+            size_t diff = 0;
+            for (size_t i = 0; i < h.out.size(); ++i) {
+              diff += h.rs_out[i].bits != s.rs_out[i].bits;
+              diff += h.commit[i].bits != s.commit[i].bits;
+              diff += h.out[i].bits != s.out[i].bits;
+              diff += h.raw[i].bits != s.raw[i].bits;
+            }
+            EXPECT_EQ(diff, 0u) << what;
+            for (size_t t = 0; t < h.commit_inv.size(); ++t) {
+              EXPECT_EQ(std::bit_cast<uint32_t>(h.commit_inv[t]),
+                        std::bit_cast<uint32_t>(s.commit_inv[t]))
+                  << what << " inv_rms " << t;
+            }
+            if (mode == Mode::kAdd) {  // the add against the scalar twin, bitwise
+              const Outputs<bf16> r = run(p, mode, true, false, norm_eps);
+              size_t rs_diff = 0;
+              for (size_t i = 0; i < h.rs_out.size(); ++i) {
+                rs_diff += h.rs_out[i].bits != r.rs_out[i].bits;
+                rs_diff += h.commit[i].bits != r.commit[i].bits;
+              }
+              EXPECT_EQ(rs_diff, 0u) << what;
+              denormal_rs += count_denormal(h.rs_out);
+            }
+            denormal_raw += count_denormal(h.raw);
+            denormal_out += count_denormal(h.out);
+            nonfinite += count_nonfinite(h.rs_out) + count_nonfinite(h.out);
+          }
+        }
+      }
+    }
+  }
+  // The inputs did reach the casts with denormal and non-finite values (a denormal bf16 result
+  // comes only from a denormal f32 input, which the instruction would have flushed to zero).
+  EXPECT_GT(denormal_rs, 0u);
+  EXPECT_GT(denormal_raw, 0u);
+  EXPECT_GT(denormal_out, 0u);
+  EXPECT_GT(nonfinite, 0u);
+  std::printf("  denormal results: add %zu, mixture %zu, norm %zu; non-finite %zu\n", denormal_rs,
+              denormal_raw, denormal_out, nonfinite);
+}
+
+// The hardware-cast path with special rows: bitwise the same for 1 and 2 OpenMP threads and
+// the same as without the instruction (a shape above the parallel threshold).
+TEST(AttnResKernel, HardwareCastsThreadCountInvariant) {
+  const int64_t T = 72, d = 3661;
+  ASSERT_GE(T * d, kAttnResParallelMinElements);
+  Problem<bf16> p(T, d, 8, 9);
+  make_special_rows(p);
+  const int saved = omp_get_max_threads();
+  attnres_set_hw_bf16_casts(true);
+  omp_set_num_threads(1);
+  const Outputs<bf16> one = run(p, Mode::kAdd, true, true, 1.0f);
+  omp_set_num_threads(2);
+  const Outputs<bf16> two = run(p, Mode::kAdd, true, true, 1.0f);
+  attnres_set_hw_bf16_casts(false);
+  const Outputs<bf16> soft = run(p, Mode::kAdd, true, true, 1.0f);
+  attnres_set_hw_bf16_casts(true);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < one.out.size(); ++i) {
+    ASSERT_EQ(one.out[i].bits, two.out[i].bits) << i;
+    ASSERT_EQ(one.raw[i].bits, two.raw[i].bits) << i;
+    ASSERT_EQ(one.rs_out[i].bits, two.rs_out[i].bits) << i;
+    ASSERT_EQ(one.out[i].bits, soft.out[i].bits) << i;
+    ASSERT_EQ(one.raw[i].bits, soft.raw[i].bits) << i;
+    ASSERT_EQ(one.rs_out[i].bits, soft.rs_out[i].bits) << i;
+  }
+  for (size_t t = 0; t < one.commit_inv.size(); ++t) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(one.commit_inv[t]),
+              std::bit_cast<uint32_t>(two.commit_inv[t]));
+    EXPECT_EQ(std::bit_cast<uint32_t>(one.commit_inv[t]),
+              std::bit_cast<uint32_t>(soft.commit_inv[t]));
+  }
 }
 
 }  // namespace
