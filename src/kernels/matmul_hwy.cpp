@@ -727,17 +727,18 @@ void RunCostRange(const MatmulJob* jobs, int64_t n_jobs, int64_t lo, int64_t hi)
   }
 }
 
-// Chunks per thread of a parallel batch: enough that a thread the OS has parked (the machine
-// may be shared) does not hold up the region by a whole 1/n of the work, few enough that each
-// chunk still streams long runs of weight rows.
-constexpr int64_t kChunksPerThread = 4;
+// Guided self-scheduling of a parallel batch: a thread takes [lo, lo + size) of the remaining
+// cost with size = remaining / (2 n), at least total / (kMinChunksPerThread n). Early grabs are
+// long (each streams a long run of weight rows front to back); the last ones are short, so the
+// threads finish within a small grab of each other, and a thread the OS parks (the machine may
+// be shared) holds up the region by little.
+constexpr int64_t kMinChunksPerThread = 16;
 
 void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). The units,
-  // in (job, group) order, are cut into chunks of equal cost: chunk c of m holds the units
-  // whose cumulative cost starts in [C c / m, C (c + 1) / m), a contiguous run streamed front
-  // to back. Threads take chunks in turn from a shared counter, so a thread that runs late does
-  // less; which thread computes a chunk never changes its arithmetic.
+  // in (job, group) order, lie on a cost axis [0, total); a grab [lo, hi) runs the units whose
+  // cumulative cost starts in it, a contiguous run streamed front to back. Which thread runs a
+  // unit never changes its arithmetic.
   int64_t total = 0, units = 0;
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
@@ -755,10 +756,19 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
 #ifdef _OPENMP
     nt = omp_get_num_threads();
 #endif
-    const int64_t chunks = nt == 1 ? 1 : std::min(units, nt * kChunksPerThread);
-    const auto bound = [&](int64_t c) { return total / chunks * c + total % chunks * c / chunks; };
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
-      RunCostRange(jobs, n_jobs, bound(c), bound(c + 1));
+    if (nt == 1) {
+      RunCostRange(jobs, n_jobs, 0, total);
+    } else {
+      const int64_t min_size = std::max<int64_t>(1, total / (kMinChunksPerThread * nt));
+      int64_t lo = next.load(std::memory_order_relaxed);
+      while (lo < total) {  // a failed exchange reloads lo
+        const int64_t hi = std::min(total, lo + std::max(min_size, (total - lo) / (2 * nt)));
+        if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
+          RunCostRange(jobs, n_jobs, lo, hi);
+          lo = next.load(std::memory_order_relaxed);
+        }
+      }
+    }
   }
 }
 
