@@ -410,8 +410,20 @@ ATTNRES_BF16_CVT HWY_NOINLINE int64_t MixHw(const bf16* const* rows, int n, cons
 // [16 even | 16 odd] words, which the same shift and mask split into columns 4i, 4i + 1 (first
 // vector) and 4i + 2, 4i + 3 (second), the gain is gathered in that order, and one vpermw after
 // the second cast restores the natural order.
-ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, float inv, int64_t d,
-                                             Prefetcher& pf) {
+// The gain of every whole 32-column block in NormHw's order: [d / 32][2][16] (per call, so
+// that the rows do not gather it again).
+ATTNRES_BF16_CVT HWY_NOINLINE void SplitGainHw(const float* gain, int64_t d, float* split) {
+  const __m512i gain_a = _mm512_load_si512(kGainA), gain_b = _mm512_load_si512(kGainB);
+  for (int64_t j = 0; j + 32 <= d; j += 32) {
+    const __m512 g0 = _mm512_loadu_ps(gain + j), g1 = _mm512_loadu_ps(gain + j + 16);
+    _mm512_store_ps(split + j, _mm512_permutex2var_ps(g0, gain_a, g1));
+    _mm512_store_ps(split + j + 16, _mm512_permutex2var_ps(g0, gain_b, g1));
+  }
+}
+
+// `split`: SplitGainHw's output, or null (the gain is gathered here).
+ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, const float* split,
+                                             float inv, int64_t d, Prefetcher& pf) {
   const DF df;
   const DU du;
   constexpr int64_t N = 16;
@@ -426,8 +438,15 @@ ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, float
     const VF xe = hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(r)), vinv);
     const VF xo = hn::Mul(hn::BitCast(df, hn::And(r, hi_mask)), vinv);
     const auto x = hn::BitCast(du, VF{_mm512_castsi512_ps(Cvt2(xo.raw, xe.raw))});
-    const __m512 g0 = _mm512_loadu_ps(gain + j), g1 = _mm512_loadu_ps(gain + j + N);
-    const VF ga{_mm512_permutex2var_ps(g0, gain_a, g1)}, gb{_mm512_permutex2var_ps(g0, gain_b, g1)};
+    VF ga, gb;
+    if (split) {
+      ga = VF{_mm512_load_ps(split + j)};
+      gb = VF{_mm512_load_ps(split + j + N)};
+    } else {
+      const __m512 g0 = _mm512_loadu_ps(gain + j), g1 = _mm512_loadu_ps(gain + j + N);
+      ga = VF{_mm512_permutex2var_ps(g0, gain_a, g1)};
+      gb = VF{_mm512_permutex2var_ps(g0, gain_b, g1)};
+    }
     const VF ya = hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(x)), ga);
     const VF yb = hn::Mul(hn::BitCast(df, hn::And(x, hi_mask)), gb);
     _mm512_storeu_si512(out + j, _mm512_permutexvar_epi16(order, Cvt2(yb.raw, ya.raw)));
@@ -440,10 +459,13 @@ ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, float
 // One token row t of the step (passes 1-4 in the file comment). `ahead` is the row this thread
 // computes kPrefetchRowsAhead rows later (-1: none); its sources are prefetched along the way.
 // source's row t is read.
-// `hw`: use the hardware casts (AVX3 with AVX512_BF16, bf16 only; see Cvt2).
+// `hw`: use the hardware casts (AVX3 with AVX512_BF16, bf16 only; see Cvt2), with the gain
+// reordered once per call in `gain_split` (SplitGainHw; null: d too large for it).
 template <typename T>
-void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw) {
+void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw,
+             const float* gain_split) {
   (void)hw;  // used on AVX3 only
+  (void)gain_split;
   const int64_t d = a.dim;
   const int n = a.num_sources();
   const bool add = a.rs_in != nullptr && a.pending != nullptr;
@@ -597,7 +619,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw) {
     const hn::Repartition<uint16_t, DF> d16;
     const auto hi_mask = hn::Set(du, 0xffff0000u);
 #if HWY_TARGET == HWY_AVX3
-    if (hw) j = NormHw(out, a.norm_weight, inv, d, pf);
+    if (hw) j = NormHw(out, a.norm_weight, gain_split, inv, d, pf);
 #endif
     for (; j + 2 * N <= d; j += 2 * N) {
       pf.Touch(kNormWork * 2 * N);
@@ -630,6 +652,7 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw) {
 // prefetch crosses chunk boundaries. Each row is computed by one thread in a fixed order: results
 // do not depend on the thread count or on which thread takes a chunk.
 constexpr int64_t kChunk = 8;
+constexpr int64_t kGainSplitMaxDim = 8192;
 
 // Whether this target and CPU run the hardware casts (and the test hook allows them).
 bool HwCasts() {
@@ -648,6 +671,16 @@ void StepImpl(const AttnResStepArgs<T>& a) {
   assert(a.commit == nullptr || a.commit_inv_rms != nullptr);
   const int64_t tokens = a.tokens;
   const bool hw = std::is_same_v<T, bf16> && HwCasts();
+  // [d / 32][2][16] gain in NormHw's order; on the stack (no allocation in a kernel), so up to
+  // kGainSplitMaxDim columns (the published d = 7168), above which NormHw gathers it per row.
+  const float* gain_split = nullptr;
+#if HWY_TARGET == HWY_AVX3
+  alignas(64) float gain_split_buf[kGainSplitMaxDim];
+  if (hw && a.dim <= kGainSplitMaxDim) {
+    SplitGainHw(a.norm_weight, a.dim, gain_split_buf);
+    gain_split = gain_split_buf;
+  }
+#endif
   std::atomic<int64_t> counter{0};
 #pragma omp parallel if (tokens * a.dim >= kAttnResParallelMinElements)
   {
@@ -662,7 +695,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
       return r < std::min(following + kChunk, tokens) ? r : -1;
     };
     while (t < tokens) {
-      StepRow(a, t, ahead(kPrefetchRowsAhead), hw);
+      StepRow(a, t, ahead(kPrefetchRowsAhead), hw, gain_split);
       ++t;
       if (t == end) {
         if (following < 0) following = counter.fetch_add(kChunk, std::memory_order_relaxed);
