@@ -10,21 +10,30 @@
 //   pass 2  dot(slot_s, q) for every committed slot (their inverse RMS comes from the commit)
 //           then scores, softmax (attnres_softmax, shared with the reference). In bf16, up
 //           to 8 slots share one pass over q (DotsBf16).
-//   pass 3  mixture m = T(p_0 v_0 + p_1 v_1 + ...) (separate multiply and add, as the
-//           reference), stored to out; accumulates sum(m^2). In bf16 the columns are taken
+//   pass 3  mixture m = T(p_0 v_0 + p_1 v_1 + ...) (written as a separate multiply and add,
+//           as the reference, but GCC contracts each pair into an FMA here: C++'s default
+//           -ffp-contract=fast, and this file is not exempted as conv_gate_hwy.cpp is; the
+//           mixture then differs from the reference's within its 1 ulp bound), stored to out;
+//           accumulates sum(m^2). In bf16 the columns are taken
 //           2L at a time as even and odd elements (a shift and a mask instead of a widening
 //           shuffle), the same operations per element.
 //   pass 4  out = T(T(m * rsqrt(mean(m^2) + eps)) * gain), in place; elementwise, so in bf16
-//           also on even and odd elements (the gain split by two shuffles).
+//           also on even and odd elements (the gain split by two shuffles, or with the
+//           hardware casts reordered once per call).
 // Passes 2-4 re-read the row from L1/L2 (at most 9 x d elements per row), so main memory sees
 // each source row once per read. While row t is computed, the rows of every source two tokens
 // ahead (in this thread's order, across chunk boundaries) are prefetched, paced over all four
 // passes (Prefetcher), so memory stays busy while the row is mixed and normalised.
 //
-// Speed (bench/attnres_read_bench.cpp): the step is close to compute-bound on one core (the
-// casts of passes 1, 3 and 4 dominate at d = 7168), so the elementwise work is kept lean: T()
-// is Round() below (bit-exact with CastT, fewer operations) and bf16 rows are loaded and stored
-// 2L at a time.
+// Speed (bench/attnres_read_bench.cpp): the step is close to compute-bound on one core, so the
+// elementwise work is kept lean: T() is Round() below (bit-exact with CastT, fewer operations)
+// and bf16 rows are loaded and stored 2L at a time. On AVX3 CPUs with AVX512_BF16 the bf16
+// casts of passes 1, 3 and 4 are vcvtne2ps2bf16 (AddRowHw, MixHw, NormHw; one instruction and
+// one word permutation per 32 columns instead of two Round() of 8 operations and a packing
+// shuffle), bitwise the same as Round() (Cvt2: pairs with a denormal lane fall back).
+// Measured one thread, rows in L2 ([4, 7168], S sources, CPU-time best-of): S = 2: 16.3 ->
+// 21.3 GB/s, S = 5: 19.8 -> 22.9, S = 9: 21.8 -> 23.6 (passes 2 and 3, the per-source loads,
+// shifts and multiply-adds, are most of the rest); at DRAM see the bench's header.
 //
 // Reductions (dot, sum of squares) use 4 x L lane accumulators with fused multiply-add, combined
 // in a fixed order, then the scalar tail; their order depends only on (d, target).
@@ -404,12 +413,6 @@ ATTNRES_BF16_CVT HWY_NOINLINE int64_t MixHw(const bf16* const* rows, int n, cons
   return j;
 }
 
-// Pass 4's 2L-column loop with the hardware casts, in place: returns the first column not done.
-// Elementwise, so the columns may travel in any order between the casts: the 32 columns are
-// split by a shift and a mask (lanes: columns 2i, then 2i + 1), the first cast packs them as
-// [16 even | 16 odd] words, which the same shift and mask split into columns 4i, 4i + 1 (first
-// vector) and 4i + 2, 4i + 3 (second), the gain is gathered in that order, and one vpermw after
-// the second cast restores the natural order.
 // The gain of every whole 32-column block in NormHw's order: [d / 32][2][16] (per call, so
 // that the rows do not gather it again).
 ATTNRES_BF16_CVT HWY_NOINLINE void SplitGainHw(const float* gain, int64_t d, float* split) {
@@ -421,7 +424,13 @@ ATTNRES_BF16_CVT HWY_NOINLINE void SplitGainHw(const float* gain, int64_t d, flo
   }
 }
 
-// `split`: SplitGainHw's output, or null (the gain is gathered here).
+// Pass 4's 2L-column loop with the hardware casts, in place: returns the first column not done.
+// Elementwise, so the columns may travel in any order between the casts: the 32 columns are
+// split by a shift and a mask (lanes: columns 2i, then 2i + 1), the first cast packs them as
+// [16 even | 16 odd] words, which the same shift and mask split into columns 4i, 4i + 1 (first
+// vector) and 4i + 2, 4i + 3 (second), the gain is gathered in that order, and one vpermw after
+// the second cast restores the natural order.
+// `split`: SplitGainHw's output, or null (then the gain is gathered here).
 ATTNRES_BF16_CVT HWY_NOINLINE int64_t NormHw(bf16* out, const float* gain, const float* split,
                                              float inv, int64_t d, Prefetcher& pf) {
   const DF df;
