@@ -26,13 +26,19 @@
 //   frac_read/triad  GB_s / the process-wide STREAM probe (bench_limits.h), measured once
 //   ./attnres_bench --benchmark_filter=AttnRes --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
-// Measured 2026-11-30 (2 threads, AVX3, medians of 5 repetitions, old and new kernels
-// alternated twice, load average 2.3-3.4 from other builds), of_read_paired at T = 4096 before ->
-// after this session's kernel changes: S = 9: 0.56 -> 0.66-0.71; S = 5: 0.60 -> 0.74-0.77;
-// S = 2: 0.55 -> 0.67-0.71; outputs in storage of their own (inplace:0), S = 9: 0.47-0.52 ->
-// 0.57-0.59. of_triad_paired S = 9: 0.47-0.52 -> 0.51-0.55. The issue-5 target (>= 0.85) is not
-// met. T = 256 calls (1-2 ms) were mostly stretched by scheduler slices in that window. Details
-// and what is left: docs/performance.md, "The fused AttnRes step: second pass".
+// Measured 2026-11-30 (AVX3 with AVX512_BF16, medians of 3 repetitions, binaries before and
+// after the hardware bf16 casts of kernels/attnres_hwy.cpp alternated 2-5 times, T = 4096, in
+// place; another engineer's benchmarks shared the 2 cores, load average 0.2-2.9):
+//   2 threads, S = 9, load < 1.4: of_read_paired 0.78-0.84 -> 0.81-0.86 (28-29 GB/s both; at
+//   load > 2 either kernel gives 0.65-0.77 at 13-14 GB/s, a thread descheduled).
+//   1 thread: S = 9 0.58-0.66 -> 0.58-0.62 (14.1-14.9 -> 14.4-15.3 GB/s); S = 5 15.6-16.4 ->
+//   15.6-16.8 GB/s; S = 2 13.1-14.4 -> 15.0-16.1 GB/s.
+// With its rows in L2 one thread went from 21.8 to 23.6 GB/s at S = 9 (16.3 to 21.3 at S = 2),
+// but at DRAM it stays near 15 GB/s (memory access, not the casts, bounds it now; prefetch 3 or
+// 4 rows ahead and other locality hints measured no better). The issue-5 target (>= 0.85 at
+// S = 9) is not reliably met: one run of four above it, on a quiet machine. T = 256 calls (1-2 ms)
+// were mostly stretched by scheduler slices. Details: docs/performance.md, "The fused AttnRes
+// step".
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
