@@ -1,5 +1,6 @@
 // The AttnRes step (kernels/attnres.h): fused kernel against the scalar reference, the read's
-// formula on hand-computed values, aliasing, and thread-count invariance.
+// formula on hand-computed values, aliasing, thread-count invariance, and the hardware bf16
+// casts (AVX512_BF16) bitwise equal to the software cast on denormal, infinite and NaN values.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -387,7 +388,7 @@ void make_special_rows(Problem<bf16>& p) {
       case 3:  // near the bf16 maximum: the add overflows to inf, inf - inf gives NaN
         rows_of(r, [](float x, size_t) { return std::ldexp(x, 126); });
         break;
-      case 4:  // one NaN in the first source (and the mix of that row turns NaN)
+      case 4:  // a NaN at column 5 of every source (the row's scores and mixture turn NaN)
         rows_of(r, [](float x, size_t j) { return j == 5 ? NAN : x; });
         break;
       default:  // a mix of scales column by column
