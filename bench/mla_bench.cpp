@@ -68,7 +68,10 @@ void BM_MlaDecodeAbsorbed(benchmark::State& state) {
   const std::vector<float> q = randn(T * H * (kDims.nope + rope), 4, 1.0f);
   std::vector<float> o(static_cast<size_t>(T * H * kDims.v));
   std::vector<float> scratch(static_cast<size_t>(mla_absorbed_scratch_floats(kDims, N, T)));
-  const auto fn = ref ? mla_attend_absorbed_ref : mla_attend_absorbed;
+  // The f32-context overload (the twin has no bf16 one).
+  using Absorbed = void (*)(const MlaDims&, const float*, int64_t, const float*, const float*,
+                            int64_t, const TensorView&, float*, float*);
+  const Absorbed fn = ref ? Absorbed{mla_attend_absorbed_ref} : Absorbed{mla_attend_absorbed};
   int64_t l = 0;
   for (auto _ : state) {
     fn(kDims, q.data(), T, c_kv.data() + l * N * r, k_rot.data() + l * N * rope, N,

@@ -75,6 +75,9 @@ MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t
                          float* y);
 // A job over a plain f32 matrix w [N, K] (e.g. cached context rows acting as weight rows).
 MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y);
+// The same over a plain bf16 matrix w [N, K] (widened exactly: the same values as f32_job on
+// the widened matrix).
+MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y);
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y);
 

@@ -861,6 +861,18 @@ MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t 
   return j;
 }
 
+MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y) {
+  MatmulJob j;
+  j.x = x;
+  j.T = T;
+  j.kind = WeightKind::kBF16;
+  j.w = w;
+  j.N = N;
+  j.K = K;
+  j.y = y;
+  return j;
+}
+
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y) {
   assert(K % kMxfp4BlockSize == 0);

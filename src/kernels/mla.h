@@ -57,5 +57,12 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
 void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                              const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                              float* scratch);
+// The absorbed form over a bf16 context as a bf16 latent cache holds it (c_kv [N, r] and
+// k_rot [N, R], each contiguous), read in place: bitwise the same as mla_attend_absorbed on the
+// context widened to f32 (every product widens the bf16 value exactly, in the same order), so
+// decode needs no dequantised copy of the whole context per layer and step.
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
+                         const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch);
 
 }  // namespace attnres

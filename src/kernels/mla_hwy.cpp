@@ -348,12 +348,21 @@ void HeadSoftmax(float* s, const float* sr, int64_t n, float scale) {
 
 // o_lat[:, c0..c1) = p [H, n] c_kv[n, r][:, c0..c1), context rows in blocks of kCtxBlock (the
 // block's columns stay in L1 while all heads pass over them).
-void OLatColumns(const float* p, int64_t H, int64_t n, const float* c_kv, int64_t r, int64_t c0,
+template <typename X>
+void OLatColumns(const float* p, int64_t H, int64_t n, const X* c_kv, int64_t r, int64_t c0,
                  int64_t c1, float* o_lat) {
   for (int64_t j0 = 0; j0 < n; j0 += kCtxBlock) {
     const int64_t j1 = std::min(n, j0 + kCtxBlock);
     RowSums(H, p, n, 1, c_kv, r, j0, j1, j0 > 0, o_lat, r, c0, c1);
   }
+}
+void OLatColumnsF32(const float* p, int64_t H, int64_t n, const float* c_kv, int64_t r, int64_t c0,
+                    int64_t c1, float* o_lat) {
+  OLatColumns(p, H, n, c_kv, r, c0, c1, o_lat);
+}
+void OLatColumnsBf16(const float* p, int64_t H, int64_t n, const bf16* c_kv, int64_t r, int64_t c0,
+                     int64_t c1, float* o_lat) {
+  OLatColumns(p, H, n, c_kv, r, c0, c1, o_lat);
 }
 
 int64_t ColumnBlockWidth() {
@@ -372,7 +381,8 @@ HWY_EXPORT(ExpandedItems);
 HWY_EXPORT(QLatHeadF32);
 HWY_EXPORT(QLatHeadBf16);
 HWY_EXPORT(HeadSoftmax);
-HWY_EXPORT(OLatColumns);
+HWY_EXPORT(OLatColumnsF32);
+HWY_EXPORT(OLatColumnsBf16);
 HWY_EXPORT(ColumnBlockWidth);
 
 void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
@@ -392,9 +402,25 @@ void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const floa
   }
 }
 
-void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
-                         float* scratch) {
+namespace {
+
+// Context rows as weight rows of a batch job, and the o_lat kernel, per context type.
+MatmulJob context_job(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
+  return f32_job(x, T, w, N, K, y);
+}
+MatmulJob context_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y) {
+  return bf16_job(x, T, w, N, K, y);
+}
+auto olat_kernel(const float*) {
+  return HWY_DYNAMIC_DISPATCH(OLatColumnsF32);
+}
+auto olat_kernel(const bf16*) {
+  return HWY_DYNAMIC_DISPATCH(OLatColumnsBf16);
+}
+
+template <typename C>
+void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv, const C* k_rot,
+                     int64_t N, const TensorView& kv_b_proj, float* o, float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
   // The twin's scratch layout (s_lat / s_rot rows are n_ctx long within their [H, N] space).
   const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch);
@@ -405,7 +431,7 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
   const auto qlat_f32 = HWY_DYNAMIC_DISPATCH(QLatHeadF32);
   const auto qlat_bf16 = HWY_DYNAMIC_DISPATCH(QLatHeadBf16);
   const auto head_softmax = HWY_DYNAMIC_DISPATCH(HeadSoftmax);
-  const auto olat_cols = HWY_DYNAMIC_DISPATCH(OLatColumns);
+  const auto olat_cols = olat_kernel(c_kv);
   const int64_t cbw = HWY_DYNAMIC_DISPATCH(ColumnBlockWidth)();
   const int64_t ncb = (r + cbw - 1) / cbw;
   for (int64_t t = 0; t < T; ++t) {
@@ -422,8 +448,8 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
     }
     // Scores of every head against the context in one batch (c_kv / k_rot rows act as weight
     // rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x k_rot[n_ctx, rope]^T.
-    jobs[0] = f32_job(q_lat, H, c_kv, n_ctx, r, s_lat);
-    jobs[1] = f32_job(q_rot, H, k_rot, n_ctx, d.rope, s_rot);
+    jobs[0] = context_job(q_lat, H, c_kv, n_ctx, r, s_lat);
+    jobs[1] = context_job(q_rot, H, k_rot, n_ctx, d.rope, s_rot);
     matmul_batch(jobs, d.rope > 0 ? 2 : 1);
     // Softmax per head, then o_lat = p c_kv split over column blocks of c_kv.
 #pragma omp parallel if (H * n_ctx * r > kParallelMinWork)
@@ -441,6 +467,20 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const floa
           dense_rows_job(o_lat + h * r, 1, kv_b_proj, h * kvw + d.nope, d.v, o + (t * H + h) * d.v);
     matmul_batch(jobs, H);
   }
+}
+
+}  // namespace
+
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
+                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch) {
+  attend_absorbed(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+}
+
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
+                         const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch) {
+  attend_absorbed(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
 }
 
 }  // namespace attnres

@@ -224,20 +224,28 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
   cache.append(c_kv, k_rot, T);
 
   // The whole context as stored (dequantised), so one-shot and chunked prefill and decode all
-  // attend to the same values.
+  // attend to the same values. The absorbed form reads a bf16 cache in place (bitwise the same
+  // as on the widened copy), so decode copies no context.
   const int64_t N = cache.size();
-  float* ctx_c = arena.take<float>(N * md.r);     // [N, r]
-  float* ctx_k = arena.take<float>(N * md.rope);  // [N, rope]
-  cache.read(N, ctx_c, ctx_k);
   float* o = arena.take<float>(T * md.H * md.v);  // [T, H, v]
-  if (T == 1 || opt.mla_absorbed) {
+  const bool absorbed = T == 1 || opt.mla_absorbed;
+  if (absorbed && cache.bf16_c_kv() != nullptr) {
     float* scratch = arena.take<float>(mla_absorbed_scratch_floats(md, N, T));
-    mla_attend_absorbed(md, q, T, ctx_c, ctx_k, N, w.kv_b_proj, o, scratch);
+    mla_attend_absorbed(md, q, T, cache.bf16_c_kv(), cache.bf16_k_rot(), N, w.kv_b_proj, o,
+                        scratch);
   } else {
-    float* kv = arena.take<float>(N * md.H * (md.nope + md.v));  // [N, H, nope + v]
-    project(pj, ctx_c, N, w.kv_b_proj, kv);
-    float* scratch = arena.take<float>(mla_expanded_scratch_floats(N, T));
-    mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
+    float* ctx_c = arena.take<float>(N * md.r);     // [N, r]
+    float* ctx_k = arena.take<float>(N * md.rope);  // [N, rope]
+    cache.read(N, ctx_c, ctx_k);
+    if (absorbed) {
+      float* scratch = arena.take<float>(mla_absorbed_scratch_floats(md, N, T));
+      mla_attend_absorbed(md, q, T, ctx_c, ctx_k, N, w.kv_b_proj, o, scratch);
+    } else {
+      float* kv = arena.take<float>(N * md.H * (md.nope + md.v));  // [N, H, nope + v]
+      project(pj, ctx_c, N, w.kv_b_proj, kv);
+      float* scratch = arena.take<float>(mla_expanded_scratch_floats(N, T));
+      mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
+    }
   }
   round_to_bf16(o, T * md.H * md.v, bf16);
   if (gated) {

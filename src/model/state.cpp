@@ -47,18 +47,20 @@ size_t LatentCache::bytes_per_token() const {
 void LatentCache::grow(int64_t min_tokens) {
   if (min_tokens <= cap_) return;
   const int64_t cap = std::max(min_tokens, cap_ * 2);
-  const size_t n = static_cast<size_t>(cap * (r_ + rope_));
-  switch (dtype_) {
-    case KvCacheDtype::kBF16:
-      bf16_.resize(n);
-      break;
-    case KvCacheDtype::kFP8:
-      fp8_.resize(n);
-      scales_.resize(static_cast<size_t>(cap) * 2);
-      break;
-    default:
-      f32_.resize(n);
+  for (int p = 0; p < 2; ++p) {
+    const size_t n = static_cast<size_t>(cap * width(p));
+    switch (dtype_) {
+      case KvCacheDtype::kBF16:
+        bf16_[p].resize(n);
+        break;
+      case KvCacheDtype::kFP8:
+        fp8_[p].resize(n);
+        break;
+      default:
+        f32_[p].resize(n);
+    }
   }
+  if (dtype_ == KvCacheDtype::kFP8) scales_.resize(static_cast<size_t>(cap) * 2);
   cap_ = cap;
 }
 
@@ -68,31 +70,28 @@ void LatentCache::reserve(int64_t tokens) {
 
 void LatentCache::append(const float* c_kv, const float* k_rot, int64_t T) {
   grow(len_ + T);
-  const int64_t w = r_ + rope_;
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t row = (len_ + t) * w;
     const float* parts[2] = {c_kv + t * r_, k_rot + t * rope_};
-    const int64_t widths[2] = {r_, rope_};
-    int64_t col = 0;
     for (int p = 0; p < 2; ++p) {
       const float* src = parts[p];
+      const int64_t w = width(p), row = (len_ + t) * w;
       switch (dtype_) {
         case KvCacheDtype::kBF16:
-          for (int64_t i = 0; i < widths[p]; ++i) bf16_[row + col + i] = f32_to_bf16(src[i]);
+          for (int64_t i = 0; i < w; ++i)
+            bf16_[p][static_cast<size_t>(row + i)] = f32_to_bf16(src[i]);
           break;
         case KvCacheDtype::kFP8: {
           float amax = 0.0f;
-          for (int64_t i = 0; i < widths[p]; ++i) amax = std::max(amax, std::fabs(src[i]));
+          for (int64_t i = 0; i < w; ++i) amax = std::max(amax, std::fabs(src[i]));
           const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
           scales_[static_cast<size_t>((len_ + t) * 2 + p)] = scale;
-          for (int64_t i = 0; i < widths[p]; ++i)
-            fp8_[row + col + i] = f32_to_fp8_e4m3(src[i] / scale);
+          for (int64_t i = 0; i < w; ++i)
+            fp8_[p][static_cast<size_t>(row + i)] = f32_to_fp8_e4m3(src[i] / scale);
           break;
         }
         default:
-          for (int64_t i = 0; i < widths[p]; ++i) f32_[row + col + i] = src[i];
+          std::copy(src, src + w, f32_[p].begin() + row);
       }
-      col += widths[p];
     }
   }
   len_ += T;
@@ -100,28 +99,25 @@ void LatentCache::append(const float* c_kv, const float* k_rot, int64_t T) {
 
 void LatentCache::read(int64_t n, float* c_kv, float* k_rot) const {
   assert(n <= len_);
-  const int64_t w = r_ + rope_;
 #pragma omp parallel for schedule(static) if (n > 256)
   for (int64_t t = 0; t < n; ++t) {
     float* dst[2] = {c_kv + t * r_, k_rot + t * rope_};
-    const int64_t widths[2] = {r_, rope_};
-    int64_t col = 0;
     for (int p = 0; p < 2; ++p) {
-      const int64_t base = t * w + col;
+      const int64_t w = width(p), row = t * w;
       switch (dtype_) {
         case KvCacheDtype::kBF16:
-          for (int64_t i = 0; i < widths[p]; ++i) dst[p][i] = bf16_to_f32(bf16_[base + i]);
+          for (int64_t i = 0; i < w; ++i)
+            dst[p][i] = bf16_to_f32(bf16_[p][static_cast<size_t>(row + i)]);
           break;
         case KvCacheDtype::kFP8: {
           const float scale = scales_[static_cast<size_t>(t * 2 + p)];
-          for (int64_t i = 0; i < widths[p]; ++i)
-            dst[p][i] = fp8_e4m3_to_f32(fp8_[base + i]) * scale;
+          for (int64_t i = 0; i < w; ++i)
+            dst[p][i] = fp8_e4m3_to_f32(fp8_[p][static_cast<size_t>(row + i)]) * scale;
           break;
         }
         default:
-          for (int64_t i = 0; i < widths[p]; ++i) dst[p][i] = f32_[base + i];
+          std::copy(f32_[p].begin() + row, f32_[p].begin() + row + w, dst[p]);
       }
-      col += widths[p];
     }
   }
 }

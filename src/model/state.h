@@ -22,7 +22,8 @@ struct KdaState {
   void clear();
 };
 
-// Latent cache of one MLA layer. Rows are [c_kv (r) | k_rot (R)]. F32 and BF16 store the values;
+// Latent cache of one MLA layer: c_kv [n, r] and k_rot [n, R] in two planes, each contiguous
+// (so a bf16 cache is read in place by the absorbed kernel). F32 and BF16 store the values;
 // FP8 stores e4m3 codes with one f32 scale per token for c_kv and one for k_rot
 // (scale = amax / 448 of that part of the row), so the normalised c_kv and the unnormalised
 // k_rot each use the full fp8 range.
@@ -37,6 +38,14 @@ class LatentCache {
   void append(const float* c_kv, const float* k_rot, int64_t T);
   // Rows [0, n) dequantised: c_kv [n, r], k_rot [n, R].
   void read(int64_t n, float* c_kv, float* k_rot) const;
+  // A BF16 cache's planes in place: c_kv [size(), r], k_rot [size(), R] (nullptr for other
+  // dtypes); valid until the next append or reserve.
+  const bf16* bf16_c_kv() const {
+    return dtype_ == KvCacheDtype::kBF16 ? bf16_[0].data() : nullptr;
+  }
+  const bf16* bf16_k_rot() const {
+    return dtype_ == KvCacheDtype::kBF16 ? bf16_[1].data() : nullptr;
+  }
   int64_t size() const { return len_; }
   int64_t capacity() const { return cap_; }
   KvCacheDtype dtype() const { return dtype_; }
@@ -47,10 +56,12 @@ class LatentCache {
   void grow(int64_t min_tokens);
   KvCacheDtype dtype_ = KvCacheDtype::kF32;
   int64_t r_ = 0, rope_ = 0, len_ = 0, cap_ = 0;
-  std::vector<float> f32_;     // [cap, r + R]
-  std::vector<bf16> bf16_;     // [cap, r + R]
-  std::vector<uint8_t> fp8_;   // [cap, r + R]
-  std::vector<float> scales_;  // [cap, 2]
+  int64_t width(int p) const { return p == 0 ? r_ : rope_; }
+  // Plane 0: c_kv [cap, r]; plane 1: k_rot [cap, R]; only the cache's dtype is allocated.
+  std::vector<float> f32_[2];
+  std::vector<bf16> bf16_[2];
+  std::vector<uint8_t> fp8_[2];
+  std::vector<float> scales_;  // [cap, 2] (FP8)
 };
 
 struct SequenceState {

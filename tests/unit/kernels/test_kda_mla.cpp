@@ -353,8 +353,28 @@ struct MlaCase {
     std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
     std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
     const TensorView W = weight_view(w, w16, use_bf16, d.H * (d.nope + d.v), d.r);
-    (ref ? mla_attend_absorbed_ref : mla_attend_absorbed)(d, q.data(), T, c_kv.data(), k_rot.data(),
-                                                          N, W, o.data(), s.data());
+    if (ref) {
+      mla_attend_absorbed_ref(d, q.data(), T, c_kv.data(), k_rot.data(), N, W, o.data(), s.data());
+    } else {
+      mla_attend_absorbed(d, q.data(), T, c_kv.data(), k_rot.data(), N, W, o.data(), s.data());
+    }
+    return o;
+  }
+  // The fast absorbed form on the context rounded to bf16: read in place as bf16 (in_place) or
+  // widened to f32 first.
+  std::vector<float> absorbed_bf16_context(bool in_place) const {
+    std::vector<bf16> c16(c_kv.size()), k16(k_rot.size());
+    std::vector<float> cw(c_kv.size()), kw(k_rot.size());
+    for (size_t i = 0; i < c_kv.size(); ++i) cw[i] = bf16_to_f32(c16[i] = f32_to_bf16(c_kv[i]));
+    for (size_t i = 0; i < k_rot.size(); ++i) kw[i] = bf16_to_f32(k16[i] = f32_to_bf16(k_rot[i]));
+    std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
+    std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
+    const TensorView W = weight_view(w, w16, true, d.H * (d.nope + d.v), d.r);
+    if (in_place) {
+      mla_attend_absorbed(d, q.data(), T, c16.data(), k16.data(), N, W, o.data(), s.data());
+    } else {
+      mla_attend_absorbed(d, q.data(), T, cw.data(), kw.data(), N, W, o.data(), s.data());
+    }
     return o;
   }
 };
@@ -398,6 +418,27 @@ TEST(MlaSimd, AbsorbedMatchesScalarTwinOnEveryTarget) {
             expect_close(c.absorbed(false, use_bf16), ref, tol, "o");
           });
         }
+      }
+    }
+  }
+}
+
+// A bf16 latent cache read in place gives bitwise what the widened copy gives (decode reads the
+// cache in place; prefill and f32 / fp8 caches widen it).
+TEST(MlaSimd, AbsorbedBf16ContextInPlaceEqualsWidened) {
+  for (const MlaShape& sh : kMlaShapes) {
+    for (int64_t N : {1, 7, 100}) {
+      for (int64_t T : {int64_t{1}, std::min<int64_t>(N, 3)}) {
+        const MlaCase c(sh.H, sh.nope, sh.rope, sh.v, sh.r, N, T,
+                        static_cast<uint32_t>(sh.r * 100 + N * 10 + T));
+        for_each_target([&] {
+          SCOPED_TRACE(testing::Message()
+                       << "r=" << sh.r << " rope=" << sh.rope << " N=" << N << " T=" << T);
+          const std::vector<float> a = c.absorbed_bf16_context(true);
+          const std::vector<float> b = c.absorbed_bf16_context(false);
+          ASSERT_EQ(a.size(), b.size());
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+        });
       }
     }
   }
