@@ -849,42 +849,35 @@ MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y) {
   return dense_rows_job(x, T, W, 0, W.shape[0], y);
 }
 
-MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
+namespace {
+// A job over a plain matrix w [N, K] of the given kind.
+MatmulJob plain_job(const float* x, int64_t T, WeightKind kind, const void* w, int64_t N, int64_t K,
+                    float* y) {
   MatmulJob j;
   j.x = x;
   j.T = T;
-  j.kind = WeightKind::kF32;
+  j.kind = kind;
   j.w = w;
   j.N = N;
   j.K = K;
   j.y = y;
   return j;
 }
+}  // namespace
+
+MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
+  return plain_job(x, T, WeightKind::kF32, w, N, K, y);
+}
 
 MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y) {
-  MatmulJob j;
-  j.x = x;
-  j.T = T;
-  j.kind = WeightKind::kBF16;
-  j.w = w;
-  j.N = N;
-  j.K = K;
-  j.y = y;
-  return j;
+  return plain_job(x, T, WeightKind::kBF16, w, N, K, y);
 }
 
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y) {
   assert(K % kMxfp4BlockSize == 0);
-  MatmulJob j;
-  j.x = x;
-  j.T = T;
-  j.kind = WeightKind::kMxfp4;
-  j.w = packed;
+  MatmulJob j = plain_job(x, T, WeightKind::kMxfp4, packed, N, K, y);
   j.scale = scale;
-  j.N = N;
-  j.K = K;
-  j.y = y;
   return j;
 }
 
