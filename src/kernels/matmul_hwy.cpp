@@ -24,7 +24,8 @@
 //    -0 by adding a zero, so the sign of a zero product cannot reach y.
 //
 // Blocking: static partition of the output rows (N) over the OpenMP threads, in whole row groups
-// (one contiguous range per thread), walked in blocks of ~192 KiB of weights. Inside a block, a
+// (one contiguous range per thread), walked in blocks of ~192 KiB of weights (decode: rows
+// shorter than a page in page-strided tiles, see PageStride). Inside a block, a
 // group of kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to
 // kMR tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
@@ -128,20 +129,20 @@ HWY_INLINE void PrefetchL2(const void* p) {
 
 // Decode GEMVs prefetch the weights a fixed distance ahead of the demand loads (two tiles of
 // rows for dense weights, four for MXFP4) plus this skew. Without it the distance is a whole
-// number of rows, and with 2 KiB rows (K = 1024 bf16: k3-mini's width) every prefetch lands a
-// multiple of 2 KiB from a demand load of the same step: Zen 4 then streams a GEMV at ~0.63-0.77
-// of a read pass of the same bytes, against 0.79-0.87 with the prefetches 1 KiB off that grid
-// (1 and 2 threads; +512 B and +1.5 KiB do about as well; K = 768, 1280, 2048 are not slowed
-// like 1024; with the skew K = 2048 goes from 0.91 to 0.96 and K = 512 from 0.82 to 0.85-0.88).
+// number of rows, and a prefetch lands a multiple of the row size from a demand load of the same
+// step. With consecutive-row tiles of 2 KiB rows (K = 1024 bf16) Zen 4 then streamed a GEMV at
+// ~0.63-0.77 of a read pass of the same bytes, 0.73-0.87 with the skew; K = 2048 0.91 -> 0.96,
+// K = 512 0.82 -> 0.85-0.88. (Rows under 4 KiB are now walked in page-strided tiles, see
+// PageStride, which removes most of that K = 1024 loss; the skew neither helps nor hurts those.)
 constexpr uintptr_t kPrefetchSkew = 1024;
 
-// A decode tile's weight prefetch: the byte two tiles of `nr` rows (plus kPrefetchSkew) past a
-// demand address, unless that is past the matrix's `n` rows from `base` (integer addresses: no
-// pointer is formed outside the matrix). Built once per tile call.
+// A decode tile's weight prefetch: the byte two tiles of `nr` rows `rs` apart (plus
+// kPrefetchSkew) past a demand address, unless that is past the matrix's `n` rows from `base`
+// (integer addresses: no pointer is formed outside the matrix). Built once per tile call.
 class RowPrefetch {
  public:
-  RowPrefetch(const void* base, int64_t n, int64_t row_bytes, int nr)
-      : ahead_(static_cast<uintptr_t>(2 * nr * row_bytes) + kPrefetchSkew),
+  RowPrefetch(const void* base, int64_t n, int64_t row_bytes, int nr, int64_t rs)
+      : ahead_(static_cast<uintptr_t>(2 * nr * rs * row_bytes) + kPrefetchSkew),
         end_(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(n * row_bytes)) {}
   HWY_INLINE void operator()(const void* p) const {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p) + ahead_;
@@ -152,10 +153,10 @@ class RowPrefetch {
   uintptr_t ahead_, end_;
 };
 
-// y[m, r] (m < MR tokens from t0, r < NR weight rows from n0) for dense weights; tokens and
-// weights are both rows of K elements (f32 or bf16, widened exactly); y rows are ldy apart.
+// y[m, r rs] (m < MR tokens from t0, weight rows n0 + r rs for r < NR) for dense weights; tokens
+// and weights are both rows of K elements (f32 or bf16, widened exactly); y rows are ldy apart.
 template <int MR, int NR, class Rows, class Tokens>
-HWY_NOINLINE void DenseTile(const Tokens& xs, int64_t t0, const Rows& rows, int64_t n0,
+HWY_NOINLINE void DenseTile(const Tokens& xs, int64_t t0, const Rows& rows, int64_t n0, int64_t rs,
                             float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
   const int64_t K = rows.K;
@@ -167,15 +168,15 @@ HWY_NOINLINE void DenseTile(const Tokens& xs, int64_t t0, const Rows& rows, int6
   // (plus kPrefetchSkew), so rows do not each start a cold hardware-prefetch stream (hardware
   // prefetchers stop at 4 KiB pages; a row is at most a few pages). Measured on Zen 4:
   // single-core GEMV from ~0.5-0.75 to ~0.85-1.0 of a same-size read pass.
-  const RowPrefetch prefetch(rows.Addr(0, 0), rows.N, K * Rows::kBytesPerElem, NR);
+  const RowPrefetch prefetch(rows.Addr(0, 0), rows.N, K * Rows::kBytesPerElem, NR, rs);
   int64_t k = 0;
   for (; k + L <= K; k += L) {
     if constexpr (MR == 1) {
       if (((k * Rows::kBytesPerElem) & 63) == 0)
-        for (int r = 0; r < NR; ++r) prefetch(rows.Addr(n0 + r, k));
+        for (int r = 0; r < NR; ++r) prefetch(rows.Addr(n0 + r * rs, k));
     }
     VF wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = rows.Load(df, n0 + r, k);
+    for (int r = 0; r < NR; ++r) wv[r] = rows.Load(df, n0 + r * rs, k);
     for (int m = 0; m < MR; ++m) {
       const VF xv = xs.Load(df, t0 + m, k);
       for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
@@ -183,14 +184,14 @@ HWY_NOINLINE void DenseTile(const Tokens& xs, int64_t t0, const Rows& rows, int6
   }
   if (k < K) {  // zero-padded tail step (see the header: same for every element)
     VF wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = rows.LoadTail(df, n0 + r, k);
+    for (int r = 0; r < NR; ++r) wv[r] = rows.LoadTail(df, n0 + r * rs, k);
     for (int m = 0; m < MR; ++m) {
       const VF xv = xs.LoadTail(df, t0 + m, k);
       for (int r = 0; r < NR; ++r) acc[m][r] = hn::MulAdd(xv, wv[r], acc[m][r]);
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
+    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = hn::GetLane(hn::SumOfLanes(df, acc[m][r]));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -376,15 +377,15 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
 // ------------------------------------------------------------------------------------------
 // Drivers
 
-// Calls tile(mr_const, nr_const, t, n) with compile-time tile sizes for a runtime (mr, nr):
+// Calls tile(mr_const, nr_const, t, n, 1) with compile-time tile sizes for a runtime (mr, nr):
 // full tiles use (TM, TN); edges use (mr, TN) or single rows.
 template <int TN, int MR, class Tile>
 HWY_INLINE void TileRows(const Tile& tile, int64_t t, int64_t n, int nr) {
   using M = std::integral_constant<int, MR>;
   if (nr == TN) {
-    tile(M(), std::integral_constant<int, TN>(), t, n);
+    tile(M(), std::integral_constant<int, TN>(), t, n, int64_t{1});
   } else {
-    for (int r = 0; r < nr; ++r) tile(M(), std::integral_constant<int, 1>(), t, n + r);
+    for (int r = 0; r < nr; ++r) tile(M(), std::integral_constant<int, 1>(), t, n + r, int64_t{1});
   }
 }
 
@@ -401,26 +402,50 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
   }
 }
 
-// Walks output rows [row_begin, row_end) of the [T, N] output (see the header) and calls tile()
-// on each register tile. bytes_per_row: bytes of one weight row, to size the L2-resident blocks.
+// Decode (T = 1) walks weight rows shorter than a 4 KiB page in page-strided tiles: with P =
+// 4096 / bytes_per_row rows to a page, a run of TN * P rows (TN pages when the matrix is
+// page-aligned) is done as P tiles, tile q taking rows q, q + P, q + 2P, ... of the run. Each
+// tile then streams TN pages at one offset and the next tile continues them, so every page is
+// read front to back by one stream at a time. With consecutive rows in a tile, two or more
+// streams share each page (K = 1024 bf16: rows at +0 and +2 KiB), which the hardware
+// prefetchers do not follow: on Zen 4 that GEMV (1024 x 1024, 128 cold matrices) streamed at
+// 0.76 of a read pass of the same bytes on one thread, page-strided at 0.93 (two threads:
+// ~0.73 -> 0.81-0.92). Only the order of rows changes, never a row's arithmetic.
+// Returns P (1: consecutive rows) for dense weights.
+constexpr int64_t kPageBytes = 4096;
+HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
+  if (T != 1 || bytes_per_row <= 0 || bytes_per_row >= kPageBytes) return 1;
+  return kPageBytes % bytes_per_row == 0 ? kPageBytes / bytes_per_row : 1;
+}
+
+// Walks output rows [row_begin, row_end) of the [T, N] output (see the header) and calls
+// tile(mr, nr, t, n, rs) on each register tile of rows n, n + rs, ..., n + (nr - 1) rs.
+// bytes_per_row: bytes of one weight row, to size the L2-resident blocks. P: PageStride (only
+// ever > 1 for T = 1); runs of TN * P rows are page-strided tiles, other rows consecutive ones.
 template <int TM, int TN, class Tile>
-void DriveRange(int64_t T, int64_t K, int64_t bytes_per_row, int64_t row_begin, int64_t row_end,
-                const Tile& tile) {
+void DriveRange(int64_t T, int64_t K, int64_t bytes_per_row, int64_t P, int64_t row_begin,
+                int64_t row_end, const Tile& tile) {
   // Blocks of ~192 KiB of weight rows; tokens in blocks of ~512 KiB of f32 rows (L2), each
   // applied to every row group of the block before moving on.
-  int64_t nb = std::max<int64_t>(TN, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
-  nb = nb / TN * TN;
+  int64_t nb = std::max<int64_t>(TN * P, (192 << 10) / std::max<int64_t>(bytes_per_row, 1));
+  nb = nb / (TN * P) * (TN * P);
   int64_t tb = std::max<int64_t>(TM, (512 << 10) / std::max<int64_t>(K * 4, 1));
   tb = tb / TM * TM;
   for (int64_t n_begin = row_begin; n_begin < row_end; n_begin += nb) {
     const int64_t n_end = std::min(row_end, n_begin + nb);
+    int64_t n = n_begin;
+    if (P > 1) {  // T = 1
+      for (; n + TN * P <= n_end; n += TN * P)
+        for (int64_t q = 0; q < P; ++q)
+          tile(std::integral_constant<int, 1>(), std::integral_constant<int, TN>(), 0, n + q, P);
+    }
     for (int64_t t0 = 0; t0 < T; t0 += tb) {
       const int64_t t_end = std::min(T, t0 + tb);
-      for (int64_t n = n_begin; n < n_end; n += TN) {
-        const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - n));
+      for (int64_t m = n; m < n_end; m += TN) {
+        const int nr = static_cast<int>(std::min<int64_t>(TN, n_end - m));
         for (int64_t t = t0; t < t_end; t += TM) {
           const int mr = static_cast<int>(std::min<int64_t>(TM, t_end - t));
-          TileAny<TN, TM>(tile, t, n, mr, nr);
+          TileAny<TN, TM>(tile, t, m, mr, nr);
         }
       }
     }
@@ -433,12 +458,12 @@ void DriveRange(int64_t T, int64_t K, int64_t bytes_per_row, int64_t row_begin, 
 constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
 
 template <int TM, int TN, class Tile>
-void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& tile) {
-  // Static partition: thread i of n owns row groups [G i / n, G (i + 1) / n) (G groups of TN
+void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, const Tile& tile) {
+  // Static partition: thread i of n owns row groups [G i / n, G (i + 1) / n) (G groups of TN P
   // rows), a contiguous range, so threads differ by at most one group of work and each streams
   // its weights front to back. Only this partition depends on the thread count; the
   // per-element arithmetic does not (see the header).
-  const int64_t groups = (N + TN - 1) / TN;
+  const int64_t g = TN * P, groups = (N + g - 1) / g;
   const bool parallel = T * N * K >= kParallelMinMacs && groups > 1;
 #pragma omp parallel if (parallel)
   {
@@ -447,18 +472,21 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, const Tile& t
     id = omp_get_thread_num();
     nt = omp_get_num_threads();
 #endif
-    const int64_t range_begin = groups * id / nt * TN;
-    const int64_t range_end = std::min(N, groups * (id + 1) / nt * TN);
-    DriveRange<TM, TN>(T, K, bytes_per_row, range_begin, range_end, tile);
+    const int64_t range_begin = groups * id / nt * g;
+    const int64_t range_end = std::min(N, groups * (id + 1) / nt * g);
+    DriveRange<TM, TN>(T, K, bytes_per_row, P, range_begin, range_end, tile);
   }
 }
 
 template <class Rows, class Tokens>
 void DenseMatmul(const Tokens& xs, int64_t T, const Rows& rows, int64_t N, float* y) {
   const int64_t K = rows.K;
-  Drive<kMR, kNR>(T, N, K, K * Rows::kBytesPerElem, [&](auto mr, auto nr, int64_t t, int64_t n) {
-    DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
-  });
+  const int64_t bytes_per_row = K * Rows::kBytesPerElem;
+  Drive<kMR, kNR>(T, N, K, bytes_per_row, PageStride(T, bytes_per_row),
+                  [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
+                    DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, rs,
+                                                                        y + t * N + n, N);
+                  });
 }
 
 void MatmulF32(const float* x, int64_t T, const float* w, int64_t N, int64_t K, float* y) {
@@ -490,17 +518,18 @@ ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16Tail(const uint16_t* p, int64_t n) 
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                                const uint16_t* HWY_RESTRICT w, int64_t N,
-                                               int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+                                               int64_t n0, int64_t rs, float* HWY_RESTRICT y,
+                                               int64_t ldy) {
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
-  const RowPrefetch prefetch(w, N, K * 2, NR);  // decode: as in DenseTile (one line per step)
+  const RowPrefetch prefetch(w, N, K * 2, NR, rs);  // decode: as in DenseTile (one line a step)
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
     if constexpr (MR == 1)
-      for (int r = 0; r < NR; ++r) prefetch(w + (n0 + r) * K + k);
+      for (int r = 0; r < NR; ++r) prefetch(w + (n0 + r * rs) * K + k);
     __m512bh wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16x32(w + (n0 + r) * K + k);
+    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16x32(w + (n0 + r * rs) * K + k);
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = LoadBf16x32(x + m * K + k);
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
@@ -508,14 +537,14 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, i
   }
   if (k < K) {
     __m512bh wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16Tail(w + (n0 + r) * K + k, K - k);
+    for (int r = 0; r < NR; ++r) wv[r] = LoadBf16Tail(w + (n0 + r * rs) * K + k, K - k);
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = LoadBf16Tail(x + m * K + k, K - k);
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
 // bf16 tokens with MXFP4 weights, two 32-element blocks (b, b + 1) of a row at a time: the 16
@@ -648,10 +677,11 @@ void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int
 #if HWY_TARGET == HWY_AVX3
   if (w_bf16 && cpu_info().avx512bf16) {
     const auto* wb = static_cast<const uint16_t*>(w);
-    Drive<kMR, kNR>(T, N, K, K * 2, [&](auto mr, auto nr, int64_t t, int64_t n) {
-      DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, wb, N, n, y + t * N + n,
-                                                            N);
-    });
+    Drive<kMR, kNR>(T, N, K, K * 2, PageStride(T, K * 2),
+                    [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
+                      DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, wb, N, n,
+                                                                            rs, y + t * N + n, N);
+                    });
     return;
   }
 #endif
@@ -664,8 +694,9 @@ void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int
 
 void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
                  int64_t K, float* y) {
-  Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize,
-                    [&](auto mr, auto nr, int64_t t, int64_t n) {
+  // MXFP4 rows are two arrays (packed values and scales): always consecutive tiles (P = 1, rs = 1).
+  Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize, 1,
+                    [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                       Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
                           x + t * K, N, K, packed, scale, n, y + t * N + n, N);
                     });
@@ -674,21 +705,41 @@ void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t
 // ------------------------------------------------------------------------------------------
 // Batches (matmul.h): one parallel region for several jobs.
 
+// A job's weight row bytes and the PageStride its rows are walked with.
+int64_t JobRowBytes(const MatmulJob& j) {
+  switch (j.kind) {
+    case WeightKind::kF32:
+      return j.K * 4;
+    case WeightKind::kBF16:
+      return j.K * 2;
+    case WeightKind::kMxfp4:
+      break;
+  }
+  return j.K / 2 + j.K / kMxfp4BlockSize;
+}
+int64_t JobPageStride(const MatmulJob& j) {
+  return j.kind == WeightKind::kMxfp4 ? 1 : PageStride(j.T, JobRowBytes(j));
+}
+
+// Rows per work unit of a batch: one row group, page-strided runs kept whole.
 int64_t JobGroupRows(const MatmulJob& j) {
-  return j.kind == WeightKind::kMxfp4 ? kNRq : kNR;
+  return j.kind == WeightKind::kMxfp4 ? kNRq : kNR * JobPageStride(j);
 }
 
 // Rows [row_begin, row_end) of job j, with exactly the tiles matmul() / mxfp4_matmul() use.
 void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
-  const int64_t T = j.T, N = j.N, K = j.K;
+  const int64_t T = j.T, N = j.N, K = j.K, row_bytes = JobRowBytes(j), P = JobPageStride(j);
   float* y = j.y;
+  const auto dense = [&](const auto& xs, const auto& rows) {
+    DriveRange<kMR, kNR>(T, K, row_bytes, P, row_begin, row_end,
+                         [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
+                           DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, rs,
+                                                                               y + t * N + n, N);
+                         });
+  };
   switch (j.kind) {
     case WeightKind::kF32: {
-      const F32Rows xs{j.x, T, K}, rows{static_cast<const float*>(j.w), N, K};
-      DriveRange<kMR, kNR>(
-          T, K, K * 4, row_begin, row_end, [&](auto mr, auto nr, int64_t t, int64_t n) {
-            DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
-          });
+      dense(F32Rows{j.x, T, K}, F32Rows{static_cast<const float*>(j.w), N, K});
       break;
     }
     case WeightKind::kBF16: {
@@ -696,20 +747,15 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
       if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (MatmulBf16Act)
         const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
         const auto* wb = static_cast<const uint16_t*>(j.w);
-        DriveRange<kMR, kNR>(T, K, K * 2, row_begin, row_end,
-                             [&](auto mr, auto nr, int64_t t, int64_t n) {
+        DriveRange<kMR, kNR>(T, K, row_bytes, P, row_begin, row_end,
+                             [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
                                DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(
-                                   xh + t * K, K, wb, N, n, y + t * N + n, N);
+                                   xh + t * K, K, wb, N, n, rs, y + t * N + n, N);
                              });
         break;
       }
 #endif
-      const F32Rows xs{j.x, T, K};
-      const Bf16Rows rows{static_cast<const uint16_t*>(j.w), N, K};
-      DriveRange<kMR, kNR>(
-          T, K, K * 2, row_begin, row_end, [&](auto mr, auto nr, int64_t t, int64_t n) {
-            DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, y + t * N + n, N);
-          });
+      dense(F32Rows{j.x, T, K}, Bf16Rows{static_cast<const uint16_t*>(j.w), N, K});
       break;
     }
     case WeightKind::kMxfp4: {
@@ -717,16 +763,16 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
 #if HWY_TARGET == HWY_AVX3
       if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotTile)
         const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
-        DriveRange<kMRq, kNRq>(T, K, K / 2 + K / kMxfp4BlockSize, row_begin, row_end,
-                               [&](auto mr, auto nr, int64_t t, int64_t n) {
+        DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
+                               [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                                  Mxfp4DotTile<decltype(mr)::value, decltype(nr)::value>(
                                      xh + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
                                });
         break;
       }
 #endif
-      DriveRange<kMRq, kNRq>(T, K, K / 2 + K / kMxfp4BlockSize, row_begin, row_end,
-                             [&](auto mr, auto nr, int64_t t, int64_t n) {
+      DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
+                             [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                                Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
                                    j.x + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
                              });

@@ -234,6 +234,83 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
   omp_set_num_threads(saved);
 }
 
+// Decode walks weight rows shorter than a 4 KiB page in page-strided tiles (rows q, q + P, ...
+// of each run of page-sized groups; matmul_hwy.cpp, PageStride). Only the order of rows
+// changes: each token's outputs are the bits of the same token inside a T > 1 product (which
+// never strides), with f32 or bf16 inputs, through matmul / matmul_bf16 and batch jobs (whole
+// matrices and row slices that start mid-page), for 1-3 threads; integer data equals the scalar
+// twin. Shapes: P = 2, 4, 16 and 64 (2 KiB, 1 KiB, 256 B and 64 B rows), row counts with whole
+// strided runs plus a ragged rest, serial and parallel.
+TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
+  const int saved = omp_get_max_threads();
+  struct Case {
+    DType dtype;
+    int64_t N, K;
+  };
+  const Case cases[] = {{DType::kBF16, 300, 1024}, {DType::kBF16, 43, 1024},
+                        {DType::kBF16, 59, 512},   {DType::kF32, 270, 512},
+                        {DType::kF32, 100, 64},    {DType::kBF16, 800, 32}};
+  constexpr int64_t T = 3;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " N=" + std::to_string(c.N) +
+                 " K=" + std::to_string(c.K));
+    for (bool integers : {false, true}) {
+      std::mt19937 rng(static_cast<uint32_t>(c.N * 7 + c.K + integers));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::uniform_int_distribution<int> small(-3, 3);
+      auto val = [&] { return integers ? static_cast<float>(small(rng)) : round_bf16(nd(rng)); };
+      std::vector<float> x(T * c.K), w32(c.N * c.K);
+      std::vector<bf16> xh(T * c.K), w16(c.N * c.K);
+      for (float& v : x) v = val();
+      ASSERT_TRUE(bf16_exact_copy(x.data(), T * c.K, xh.data()));
+      for (size_t i = 0; i < w32.size(); ++i) {
+        w16[i] = f32_to_bf16(val());
+        w32[i] = bf16_to_f32(w16[i]);
+      }
+      const TensorView w = c.dtype == DType::kF32 ? view(DType::kF32, c.N, c.K, w32.data())
+                                                  : view(DType::kBF16, c.N, c.K, w16.data());
+      std::vector<float> ref(T * c.N);
+      matmul_ref(x.data(), T, w, ref.data());
+      const int64_t row0 = 5, rows = c.N - 7;  // a slice starting mid-page
+      for_each_target([&] {
+        std::vector<float> all(T * c.N), all_h(T * c.N);
+        matmul(x.data(), T, w, all.data());
+        matmul_bf16(xh.data(), T, w, all_h.data());
+        if (integers) {
+          EXPECT_EQ(0, std::memcmp(all.data(), ref.data(), all.size() * sizeof(float)));
+          EXPECT_EQ(0, std::memcmp(all_h.data(), ref.data(), all_h.size() * sizeof(float)));
+        }
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          for (int64_t t = 0; t < T; ++t) {
+            const float* xt = x.data() + t * c.K;
+            const bf16* xht = xh.data() + t * c.K;
+            std::vector<float> one(c.N, -1.0f), one_h(c.N, -1.0f), b0(c.N, -1.0f), b1(c.N, -1.0f),
+                slice(rows, -1.0f);
+            matmul(xt, 1, w, one.data());
+            matmul_bf16(xht, 1, w, one_h.data());
+            MatmulJob jobs[3] = {dense_job(xt, 1, w, b0.data()), dense_job(xt, 1, w, b1.data()),
+                                 dense_rows_job(xt, 1, w, row0, rows, slice.data())};
+            jobs[1].xh = xht;
+            jobs[2].xh = xht;
+            matmul_batch(jobs, 3);
+            const float* want = all.data() + t * c.N;
+            const float* want_h = all_h.data() + t * c.N;
+            const size_t bytes = static_cast<size_t>(c.N) * sizeof(float);
+            EXPECT_EQ(0, std::memcmp(one.data(), want, bytes)) << threads << " t=" << t;
+            EXPECT_EQ(0, std::memcmp(one_h.data(), want_h, bytes)) << threads << " t=" << t;
+            EXPECT_EQ(0, std::memcmp(b0.data(), want, bytes)) << threads << " t=" << t;
+            EXPECT_EQ(0, std::memcmp(b1.data(), want_h, bytes)) << threads << " t=" << t;
+            EXPECT_EQ(0, std::memcmp(slice.data(), want_h + row0, rows * sizeof(float)))
+                << threads << " t=" << t;
+          }
+        }
+      });
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // An MXFP4 job given its input as bf16 (xh): within the dot-product bound of the scalar twin, the
 // same bits for a token whether it runs alone (decode) or inside a T > 1 job, for any thread
 // count; NaN and infinite scaled weights propagate as in the reference.
