@@ -694,7 +694,9 @@ void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int
 
 void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
                  int64_t K, float* y) {
-  // MXFP4 rows are two arrays (packed values and scales): always consecutive tiles (P = 1, rs = 1).
+  // MXFP4: consecutive tiles (P = 1, rs = 1). Page-strided tiles over the packed values (256 B
+  // rows at K = 512: P = 16) were slower for a decode MoE batch of 8 cold k3-mini experts
+  // (0.45-0.65 of a read pass against 0.48-0.76; that kernel is bound by its decode work).
   Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize, 1,
                     [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                       Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
@@ -717,7 +719,7 @@ int64_t JobRowBytes(const MatmulJob& j) {
   }
   return j.K / 2 + j.K / kMxfp4BlockSize;
 }
-int64_t JobPageStride(const MatmulJob& j) {
+int64_t JobPageStride(const MatmulJob& j) {  // MXFP4: 1, see Mxfp4Matmul
   return j.kind == WeightKind::kMxfp4 ? 1 : PageStride(j.T, JobRowBytes(j));
 }
 
