@@ -81,6 +81,11 @@ MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t 
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y);
 
+// Bytes of one weight row of the job (MXFP4: packed values and scales), and of all the weights
+// it reads (N rows; 0 when T = 0, which reads nothing).
+int64_t job_row_bytes(const MatmulJob& j);
+int64_t job_weight_bytes(const MatmulJob& j);
+
 // Runs every job; work is cut by (job, row group) into chunks of equal T * rows * K, which the
 // OpenMP threads take in turn. Small batches run on the calling thread.
 void matmul_batch(const MatmulJob* jobs, int64_t n_jobs);

@@ -707,20 +707,9 @@ void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t
 // ------------------------------------------------------------------------------------------
 // Batches (matmul.h): one parallel region for several jobs.
 
-// A job's weight row bytes and the PageStride its rows are walked with.
-int64_t JobRowBytes(const MatmulJob& j) {
-  switch (j.kind) {
-    case WeightKind::kF32:
-      return j.K * 4;
-    case WeightKind::kBF16:
-      return j.K * 2;
-    case WeightKind::kMxfp4:
-      break;
-  }
-  return j.K / 2 + j.K / kMxfp4BlockSize;
-}
+// The PageStride a job's rows are walked with.
 int64_t JobPageStride(const MatmulJob& j) {  // MXFP4: 1, see Mxfp4Matmul
-  return j.kind == WeightKind::kMxfp4 ? 1 : PageStride(j.T, JobRowBytes(j));
+  return j.kind == WeightKind::kMxfp4 ? 1 : PageStride(j.T, job_row_bytes(j));
 }
 
 // Rows per work unit of a batch: one row group, page-strided runs kept whole.
@@ -730,7 +719,7 @@ int64_t JobGroupRows(const MatmulJob& j) {
 
 // Rows [row_begin, row_end) of job j, with exactly the tiles matmul() / mxfp4_matmul() use.
 void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
-  const int64_t T = j.T, N = j.N, K = j.K, row_bytes = JobRowBytes(j), P = JobPageStride(j);
+  const int64_t T = j.T, N = j.N, K = j.K, row_bytes = job_row_bytes(j), P = JobPageStride(j);
   float* y = j.y;
   const auto dense = [&](const auto& xs, const auto& rows) {
     DriveRange<kMR, kNR>(T, K, row_bytes, P, row_begin, row_end,
@@ -926,6 +915,22 @@ MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t
   const int64_t K = W.shape[1];
   return plain_job(x, T, W.dtype == DType::kBF16 ? WeightKind::kBF16 : WeightKind::kF32,
                    W.data + static_cast<size_t>(row0 * K) * dtype_size(W.dtype), rows, K, y);
+}
+
+int64_t job_row_bytes(const MatmulJob& j) {
+  switch (j.kind) {
+    case WeightKind::kF32:
+      return j.K * 4;
+    case WeightKind::kBF16:
+      return j.K * 2;
+    case WeightKind::kMxfp4:
+      break;
+  }
+  return j.K / 2 + j.K / kMxfp4BlockSize;
+}
+
+int64_t job_weight_bytes(const MatmulJob& j) {
+  return j.T > 0 && j.N > 0 ? j.N * job_row_bytes(j) : 0;
 }
 
 MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y) {

@@ -1,6 +1,7 @@
 #include "model/blocks.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -26,10 +27,12 @@ struct Proj {
   Arena& arena;
   bool bf16 = false;  // round outputs to bf16 (a bf16 nn.Linear output)
   bool dot = false;   // give BF16 / MXFP4 jobs exact bf16 inputs
+  ProjectionStats* stats = nullptr;
 };
 
 Proj make_proj(const ForwardOptions& opt, Arena& arena) {
-  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product()};
+  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product(),
+              opt.projection_stats};
 }
 
 // Sets xh on the BF16 and MXFP4 jobs (one copy per distinct input of the batch).
@@ -50,7 +53,22 @@ void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
 // bf16 in the bf16 flow.
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0) {
   attach_bf16_inputs(pj, jobs, n);
-  matmul_batch(jobs, n);
+  if (pj.stats == nullptr) {
+    matmul_batch(jobs, n);
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul_batch(jobs, n);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int64_t bytes = 0;
+    bool mxfp4 = false;
+    for (int64_t i = 0; i < n; ++i) {
+      bytes += job_weight_bytes(jobs[i]);
+      mxfp4 = mxfp4 || (jobs[i].kind == WeightKind::kMxfp4 && jobs[i].T > 0);
+    }
+    (mxfp4 ? pj.stats->mxfp4_seconds : pj.stats->dense_seconds) += dt;
+    (mxfp4 ? pj.stats->mxfp4_bytes : pj.stats->dense_bytes) += bytes;
+    ++pj.stats->batches;
+  }
   for (int64_t i = first_rounded; i < n; ++i)
     round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, pj.bf16);
 }

@@ -30,6 +30,15 @@ struct Misreadings {
   bool router_bias_in_weights = false;  // combine with s + bias instead of s
 };
 
+// Wall time and weight bytes of the forward's projection batches (matmul_batch calls: every
+// nn.Linear and expert matrix), split by the weights they stream: a batch with an MXFP4 job
+// counts as MXFP4 (the routed experts), any other as dense.
+struct ProjectionStats {
+  double dense_seconds = 0, mxfp4_seconds = 0;
+  int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  int64_t batches = 0;
+};
+
 struct ForwardOptions {
   ActDType act = ActDType::kBF16;
   KvCacheDtype kv = KvCacheDtype::kAuto;
@@ -37,6 +46,8 @@ struct ForwardOptions {
   bool kda_recurrent = false;  // force the recurrent KDA form for every step (reference)
   bool mla_absorbed = false;   // force the absorbed MLA form for every step
   Misreadings mis;
+  // When set, projection batches add their wall time and weight bytes here.
+  ProjectionStats* projection_stats = nullptr;
 
   bool bf16() const { return act == ActDType::kBF16; }
   KvCacheDtype cache_dtype() const {

@@ -25,11 +25,11 @@ Result<std::unique_ptr<Session>> Session::create(const ModelWeights& weights,
 }
 
 Status Session::step(const int32_t* tokens, int64_t T, bool all_logits, float* logits) {
-  if (planned_)
-    return planned_->run(state_, options_.forward, arena_, tokens, T, all_logits, logits);
+  ForwardOptions opt = options_.forward;
+  opt.projection_stats = &projection_stats_;
+  if (planned_) return planned_->run(state_, opt, arena_, tokens, T, all_logits, logits);
   arena_.reset();
-  return reference_forward(weights_, state_, options_.forward, arena_, tokens, T, all_logits,
-                           logits);
+  return reference_forward(weights_, state_, opt, arena_, tokens, T, all_logits, logits);
 }
 
 Status Session::prefill(std::span<const int32_t> tokens, bool all_logits,

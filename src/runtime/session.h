@@ -55,6 +55,9 @@ class Session {
   double attnres_read_seconds() const {
     return planned_ ? planned_->executor().read_seconds() : 0.0;
   }
+  // Wall time and weight bytes of this session's projection batches (every nn.Linear and
+  // expert matrix product of the blocks and lm_head), dense and MXFP4 apart (ProjectionStats).
+  const ProjectionStats& projection_stats() const { return projection_stats_; }
 
  private:
   Session(const ModelWeights& w, const SessionOptions& o);
@@ -65,6 +68,7 @@ class Session {
   SequenceState state_;
   Arena arena_;
   std::unique_ptr<PlannedForward> planned_;
+  ProjectionStats projection_stats_;
 };
 
 // Greedy generation: prefill the prompt, then take the argmax (lowest id on ties) of every

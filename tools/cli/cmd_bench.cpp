@@ -9,7 +9,8 @@
 // of each MoE layer, lm_head and one embedding row; plus the recurrent-state and latent-cache
 // traffic averaged over the decode), the achieved GB/s and its fraction of the probe's read
 // bandwidth, the share of decode time spent in AttnRes reads (timed inside the executor),
-// and peak resident memory.
+// the shares of decode time spent in dense and MXFP4 projection batches with the GB/s each
+// streams (Session::projection_stats), and peak resident memory.
 #include <sys/resource.h>
 
 #include <omp.h>
@@ -129,6 +130,7 @@ int run_bench(const BenchArgs& a) {
   SessionOptions so;
   so.forward.act = a.dtype == "f32" ? ActDType::kF32 : ActDType::kBF16;
   std::vector<double> prefill_tps, decode_tps, attnres_share;
+  std::vector<double> dense_share, dense_gb_s, mxfp4_share, mxfp4_gb_s;
   std::vector<float> logits;
   std::vector<float> row(static_cast<size_t>(c.vocab_size));
   for (int r = 0; r < a.reps; ++r) {
@@ -142,6 +144,7 @@ int run_bench(const BenchArgs& a) {
     const auto t1 = std::chrono::steady_clock::now();
     int32_t next = argmax(logits);
     const double read_before = s.attnres_read_seconds();
+    const ProjectionStats proj_before = s.projection_stats();
     for (int64_t g = 0; g < a.gen_tokens; ++g) {
       if (Status st = s.decode(next, row); !st.is_ok()) return fail(st.to_string());
       next = argmax(row);
@@ -152,6 +155,15 @@ int run_bench(const BenchArgs& a) {
     prefill_tps.push_back(static_cast<double>(a.prompt_tokens) / pf);
     decode_tps.push_back(static_cast<double>(a.gen_tokens) / dc);
     attnres_share.push_back((s.attnres_read_seconds() - read_before) / dc);
+    const ProjectionStats& p = s.projection_stats();
+    const double ds = p.dense_seconds - proj_before.dense_seconds;
+    const double qs = p.mxfp4_seconds - proj_before.mxfp4_seconds;
+    dense_share.push_back(ds / dc);
+    mxfp4_share.push_back(qs / dc);
+    dense_gb_s.push_back(
+        ds > 0 ? static_cast<double>(p.dense_bytes - proj_before.dense_bytes) / ds * 1e-9 : 0.0);
+    mxfp4_gb_s.push_back(
+        qs > 0 ? static_cast<double>(p.mxfp4_bytes - proj_before.mxfp4_bytes) / qs * 1e-9 : 0.0);
   }
 
   const int64_t cache_elem = a.dtype == "f32" ? 4 : 2;
@@ -188,6 +200,10 @@ int run_bench(const BenchArgs& a) {
       {"stream_triad_gb_s", stream->triad_gb_s},
       {"roofline_fraction", achieved_gb_s / stream->read_gb_s},
       {"attnres_share", median(attnres_share)},
+      {"dense_proj_share", median(dense_share)},
+      {"dense_proj_gb_s", median(dense_gb_s)},
+      {"mxfp4_proj_share", median(mxfp4_share)},
+      {"mxfp4_proj_gb_s", median(mxfp4_gb_s)},
       {"peak_rss_bytes", peak_rss},
   };
   if (a.json) {
@@ -209,6 +225,11 @@ int run_bench(const BenchArgs& a) {
   std::printf("bandwidth      %.2f GB/s achieved, STREAM read %.2f GB/s -> %.1f%% of roofline\n",
               achieved_gb_s, stream->read_gb_s, 100.0 * achieved_gb_s / stream->read_gb_s);
   std::printf("AttnRes reads  %.2f%% of decode time\n", 100.0 * median(attnres_share));
+  std::printf(
+      "projections    dense %.1f%% of decode time (%.2f GB/s), MXFP4 experts %.1f%% (%.2f GB/s), "
+      "rest %.1f%%\n",
+      100.0 * median(dense_share), median(dense_gb_s), 100.0 * median(mxfp4_share),
+      median(mxfp4_gb_s), 100.0 * (1.0 - median(dense_share) - median(mxfp4_share)));
   std::printf("peak RSS       %.2f GB (weights are memory-mapped)\n",
               static_cast<double>(peak_rss) / 1e9);
   return 0;

@@ -115,6 +115,51 @@ TEST_F(TextCli, BadSamplingFlagIsAnError) {
   EXPECT_NE(c.err.find("top_p"), std::string::npos) << c.err;
 }
 
+// `bench --json` reports every field issue 5 asks for, consistent with each other: median
+// between min and max, the roofline fraction = achieved / probe, shares of decode time in
+// [0, 1] whose sum stays below 1 (the dense and MXFP4 projection batches and the AttnRes reads
+// are disjoint parts of the decode), and GB/s = bytes / seconds of each projection kind.
+TEST_F(TextCli, BenchJsonReportsConsistentFields) {
+  const Cmd c =
+      run("bench --model " + model_ + " --prompt-tokens 5 --gen-tokens 6 --reps 2 --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto j = nlohmann::json::parse(c.out);
+  for (const char* key : {"prefill_tok_s", "decode_tok_s", "decode_tok_s_min", "decode_tok_s_max",
+                          "bytes_per_token", "stream_gb_s", "achieved_gb_s", "peak_rss_bytes"})
+    EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+  EXPECT_LE(j["decode_tok_s_min"].get<double>(), j["decode_tok_s"].get<double>());
+  EXPECT_LE(j["decode_tok_s"].get<double>(), j["decode_tok_s_max"].get<double>());
+  EXPECT_NEAR(j["roofline_fraction"].get<double>(),
+              j["achieved_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(j["achieved_gb_s"].get<double>(),
+              j["bytes_per_token"].get<double>() * j["decode_tok_s"].get<double>() * 1e-9, 1e-6);
+  double sum = 0;
+  for (const char* key : {"attnres_share", "dense_proj_share", "mxfp4_proj_share"}) {
+    const double v = j.at(key).get<double>();
+    EXPECT_GE(v, 0.0) << key;
+    EXPECT_LE(v, 1.0) << key;
+    sum += v;
+  }
+  EXPECT_LT(sum, 1.0);
+  // The tiny model has dense projections and MXFP4 experts: both kinds ran and were timed.
+  EXPECT_GT(j["dense_proj_share"].get<double>(), 0.0);
+  EXPECT_GT(j["mxfp4_proj_share"].get<double>(), 0.0);
+  EXPECT_GT(j["dense_proj_gb_s"].get<double>(), 0.0);
+  EXPECT_GT(j["mxfp4_proj_gb_s"].get<double>(), 0.0);
+}
+
+TEST_F(TextCli, BenchBadArgumentsAreErrors) {
+  const Cmd missing = run("bench --model /nonexistent/model-dir --reps 1");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/model-dir"), std::string::npos) << missing.err;
+  const Cmd reps = run("bench --model " + model_ + " --reps 0");
+  EXPECT_NE(reps.status, 0);
+  EXPECT_NE(reps.err.find("--reps"), std::string::npos) << reps.err;
+  const Cmd dtype = run("bench --model " + model_ + " --dtype fp8");
+  EXPECT_NE(dtype.status, 0);
+  EXPECT_NE(dtype.err.find("fp8"), std::string::npos) << dtype.err;
+}
+
 TEST_F(TextCli, ChatKeepsHistoryResetsAndExits) {
   const Cmd c = run("chat --model " + model_ + " --max-new-tokens 4 --thinking off",
                     "hi there\nand again\n/reset\nhello\n/exit\nnever read\n");

@@ -101,6 +101,53 @@ TEST(Session, Bf16WithFp8CacheIsDeterministic) {
   for (float x : r[0].decode_logits) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Projection stats (what `attnres bench` splits decode time with): one decode step reads each
+// chosen expert's three matrices once per MoE layer (top-k distinct experts, all the same
+// shape), so its MXFP4 bytes are known exactly; the dense bytes and batch count are the same
+// for every decode step, and wall time is added for both kinds.
+TEST(Session, ProjectionStatsCountEveryDecodeStep) {
+  int mxfp4_sets = 0;
+  for (const char* set : {"tiny-a", "tiny-b"}) {
+    const testing::GoldenSet& g = golden(set);
+    const ModelConfig& c = g.weights.config;
+    int64_t mxfp4_per_step = 0;
+    for (const LayerWeights& l : g.weights.layers) {
+      if (!l.moe) continue;
+      const ExpertWeights& e = l.moe->experts.front();
+      for (const ExpertMatrix* m : {&e.w1, &e.w2, &e.w3})
+        mxfp4_per_step += m->mxfp4 ? static_cast<int64_t>(m->packed.nbytes + m->scale.nbytes) : 0;
+    }
+    mxfp4_per_step *= c.num_experts_per_token;
+    SessionOptions o;
+    o.forward.act = ActDType::kBF16;
+    auto s = Session::create(g.weights, o);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    std::vector<float> logits;
+    ASSERT_TRUE((*s)->prefill(g.ids("case1.prompt_ids"), false, logits).is_ok());
+    std::vector<float> row(static_cast<size_t>(c.vocab_size));
+    ProjectionStats prev = (*s)->projection_stats(), step[2];
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE((*s)->decode(1 + i, row).is_ok());
+      const ProjectionStats& now = (*s)->projection_stats();
+      step[i].dense_bytes = now.dense_bytes - prev.dense_bytes;
+      step[i].mxfp4_bytes = now.mxfp4_bytes - prev.mxfp4_bytes;
+      step[i].batches = now.batches - prev.batches;
+      EXPECT_GT(now.dense_seconds, prev.dense_seconds) << set;
+      if (mxfp4_per_step > 0) {
+        EXPECT_GT(now.mxfp4_seconds, prev.mxfp4_seconds) << set;
+      }
+      prev = now;
+    }
+    EXPECT_EQ(step[0].mxfp4_bytes, mxfp4_per_step) << set;
+    EXPECT_EQ(step[1].mxfp4_bytes, mxfp4_per_step) << set;
+    EXPECT_GT(step[0].dense_bytes, 0) << set;
+    EXPECT_EQ(step[0].dense_bytes, step[1].dense_bytes) << set;
+    EXPECT_EQ(step[0].batches, step[1].batches) << set;
+    mxfp4_sets += mxfp4_per_step > 0;
+  }
+  EXPECT_GT(mxfp4_sets, 0) << "no golden set with MXFP4 experts: the MXFP4 count went untested";
+}
+
 TEST(Session, RejectsBadInput) {
   const testing::GoldenSet& g = golden("tiny-a");
   EXPECT_FALSE(Session::create(g.weights, f32_session(0)).is_ok());
