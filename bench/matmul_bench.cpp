@@ -236,12 +236,17 @@ BENCHMARK(BM_GemvMxfp4)
 // expert comes from DRAM), T = 1, bf16 activations (the bf16 flow). Args: E_act, N, K (k3-mini's
 // latent experts are [512, 512] with 8 active; Kimi-K3's are [3072, 3584] with 16). Counters as
 // the GEMV benchmarks; of_read_paired pairs each batch with a STREAM read pass over as many
-// bytes of other experts (contiguous), mean_GB/s is total bytes / total batch time.
+// bytes of other experts (contiguous), mean_GB/s is total bytes / total batch time. hot = 1
+// reuses the same experts (cache-resident): the rate the decode arithmetic allows, to compare
+// with the cold rate and with a core's share of the read bandwidth.
 void BM_GemvMxfp4Experts(benchmark::State& state) {
   context_once();
   const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
+  // hot = 1: the same `active` experts every step, so their weights stay in cache and the rate
+  // is what the kernel's arithmetic allows (the read pass then reads cached bytes too).
+  const bool hot = state.range(3) != 0;
   const int64_t pb = N * K / 2, ps = N * K / 32, per_expert = 2 * (pb + ps);
-  const int64_t pool = std::max<int64_t>(4 * active, copies_for(per_expert));
+  const int64_t pool = hot ? active : std::max<int64_t>(4 * active, copies_for(per_expert));
   const std::vector<uint8_t> packed = random_bytes(2 * pb * pool, 3, 0, 255);  // [pool, 2, N, K/2]
   const std::vector<uint8_t> scale =
       random_bytes(2 * ps * pool, 4, 118, 124);  // [pool, 2, N, K/32]
@@ -286,9 +291,10 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
                                      static_cast<double>(state.iterations()) / read.total() * 1e-9;
 }
 BENCHMARK(BM_GemvMxfp4Experts)
-    ->ArgNames({"E_act", "N", "K"})
-    ->Args({8, 512, 512})
-    ->Args({16, 3072, 3584})
+    ->ArgNames({"E_act", "N", "K", "hot"})
+    ->Args({8, 512, 512, 0})
+    ->Args({8, 512, 512, 1})
+    ->Args({16, 3072, 3584, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
