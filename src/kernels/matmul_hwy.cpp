@@ -409,8 +409,9 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
 // read front to back by one stream at a time. With consecutive rows in a tile, two or more
 // streams share each page (K = 1024 bf16: rows at +0 and +2 KiB), which the hardware
 // prefetchers do not follow: on Zen 4 that GEMV (1024 x 1024, 128 cold matrices) streamed at
-// 0.76 of a read pass of the same bytes on one thread, page-strided at 0.93 (two threads:
-// ~0.73 -> 0.81-0.92). Only the order of rows changes, never a row's arithmetic.
+// 0.76 of a read pass of the same bytes on one thread, page-strided at 0.93 (two threads, three
+// matrices per batch: 0.73 -> 0.82-0.87). Only the order of rows changes, never a row's
+// arithmetic.
 // Returns P (1: consecutive rows) for dense weights.
 constexpr int64_t kPageBytes = 4096;
 HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
