@@ -28,6 +28,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/hwy_targets.h"
@@ -349,16 +350,23 @@ struct MlaCase {
                                                           N, o.data(), s.data());
     return o;
   }
-  std::vector<float> absorbed(bool ref, bool use_bf16) const {
+  // The absorbed form (scalar twin when ref; f32 or bf16 context) on this case's q and weights.
+  template <typename C>
+  std::vector<float> run_absorbed(bool ref, const C* ctx_c, const C* ctx_k, bool use_bf16) const {
     std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
     std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
     const TensorView W = weight_view(w, w16, use_bf16, d.H * (d.nope + d.v), d.r);
-    if (ref) {
-      mla_attend_absorbed_ref(d, q.data(), T, c_kv.data(), k_rot.data(), N, W, o.data(), s.data());
-    } else {
-      mla_attend_absorbed(d, q.data(), T, c_kv.data(), k_rot.data(), N, W, o.data(), s.data());
+    if constexpr (std::is_same_v<C, float>) {
+      if (ref) {
+        mla_attend_absorbed_ref(d, q.data(), T, ctx_c, ctx_k, N, W, o.data(), s.data());
+        return o;
+      }
     }
+    mla_attend_absorbed(d, q.data(), T, ctx_c, ctx_k, N, W, o.data(), s.data());
     return o;
+  }
+  std::vector<float> absorbed(bool ref, bool use_bf16) const {
+    return run_absorbed(ref, c_kv.data(), k_rot.data(), use_bf16);
   }
   // The fast absorbed form on the context rounded to bf16: read in place as bf16 (in_place) or
   // widened to f32 first.
@@ -367,15 +375,8 @@ struct MlaCase {
     std::vector<float> cw(c_kv.size()), kw(k_rot.size());
     for (size_t i = 0; i < c_kv.size(); ++i) cw[i] = bf16_to_f32(c16[i] = f32_to_bf16(c_kv[i]));
     for (size_t i = 0; i < k_rot.size(); ++i) kw[i] = bf16_to_f32(k16[i] = f32_to_bf16(k_rot[i]));
-    std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
-    std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
-    const TensorView W = weight_view(w, w16, true, d.H * (d.nope + d.v), d.r);
-    if (in_place) {
-      mla_attend_absorbed(d, q.data(), T, c16.data(), k16.data(), N, W, o.data(), s.data());
-    } else {
-      mla_attend_absorbed(d, q.data(), T, cw.data(), kw.data(), N, W, o.data(), s.data());
-    }
-    return o;
+    return in_place ? run_absorbed(false, c16.data(), k16.data(), true)
+                    : run_absorbed(false, cw.data(), kw.data(), true);
   }
 };
 
