@@ -30,9 +30,10 @@ struct Misreadings {
   bool router_bias_in_weights = false;  // combine with s + bias instead of s
 };
 
-// Wall time and weight bytes of the forward's projection batches (matmul_batch calls: every
-// nn.Linear and expert matrix), split by the weights they stream: a batch with an MXFP4 job
-// counts as MXFP4 (the routed experts), any other as dense.
+// Wall time and weight bytes of the projection batches the blocks and lm_head issue (every
+// nn.Linear and expert matrix, except kv_b_proj's per-head products inside MLA's absorbed
+// attention, which count as attention), split by the weights they stream: a batch with an
+// MXFP4 job counts as MXFP4 (the routed experts), any other as dense.
 struct ProjectionStats {
   double dense_seconds = 0, mxfp4_seconds = 0;
   int64_t dense_bytes = 0, mxfp4_bytes = 0;

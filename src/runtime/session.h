@@ -55,8 +55,8 @@ class Session {
   double attnres_read_seconds() const {
     return planned_ ? planned_->executor().read_seconds() : 0.0;
   }
-  // Wall time and weight bytes of this session's projection batches (every nn.Linear and
-  // expert matrix product of the blocks and lm_head), dense and MXFP4 apart (ProjectionStats).
+  // Wall time and weight bytes of this session's projection batches, dense and MXFP4 apart
+  // (ProjectionStats says which products count).
   const ProjectionStats& projection_stats() const { return projection_stats_; }
 
  private:
