@@ -247,6 +247,7 @@ KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
                         dims({{"H*head_dim", H * dv}, {"head_dim", dv}}));
   }
   w.a_log = bind_a_log(b, p + "A_log", H, w.a_log_stored);
+  w.a_log_group = dk;
   w.dt_bias = b.bind(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}));
   w.o_norm = b.bind(p + "o_norm.weight", Kind::kFloat, {dv}, dims({{"head_dim", dv}}));
   w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * dv},

@@ -46,10 +46,13 @@ struct KdaWeights {
   Matrix g_proj;                      // [H*dv, d] full-rank output gate (use_full_rank_gate)
   Matrix g_a_proj, g_b_proj;          // low-rank output gate otherwise: [dv, d], [H*dv, dv]
   std::vector<float> a_log;           // [H] per head (first H of [H], padded [>H] or [1,1,H,1])
-  TensorView a_log_stored;            // A_log as stored (any of those shapes), for accounting
-  TensorView dt_bias;                 // [H*dk] F32
-  TensorView o_norm;                  // [dv] F32 gated RMSNorm gain
-  Matrix o_proj;                      // [d, H*dv]
+  // Forget-gate channels that share one a_log entry: head_dim (A_log is per head). A test binds
+  // a_log per channel (group 1) to show the golden data catch that misreading.
+  int64_t a_log_group = 0;
+  TensorView a_log_stored;  // A_log as stored (any of those shapes), for accounting
+  TensorView dt_bias;       // [H*dk] F32
+  TensorView o_norm;        // [dv] F32 gated RMSNorm gain
+  Matrix o_proj;            // [d, H*dv]
 };
 
 struct MlaWeights {
@@ -71,8 +74,11 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
-  Matrix gate;                         // router [E, d] (BF16)
-  TensorView gate_bias;                // e_score_correction_bias [E] F32 (selection only)
+  Matrix gate;           // router [E, d] (BF16)
+  TensorView gate_bias;  // e_score_correction_bias [E] F32 (selection only)
+  // false for every checkpoint: the bias selects experts, the combine weights are the unbiased
+  // scores. A test sets it to show the golden data catch the bias misread as a weight.
+  bool combine_with_bias = false;
   std::vector<ExpertWeights> experts;  // K = routed_expert_hidden_size (latent) or d
   Matrix shared_gate, shared_up;       // [S*I, d]
   Matrix shared_down;                  // [d, S*I]

@@ -28,8 +28,10 @@ void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y);
 void matmul_bf16_ref(const bf16* x, int64_t T, const TensorView& W, float* y);
 // Whether matmul_bf16 with BF16 weights uses vdpbf16ps on this CPU.
 bool matmul_bf16_uses_dot_product();
-// out[i] = x[i] as bf16 for i < n; returns false (out then unspecified) as soon as some x[i] is
-// not exactly representable in bf16 (NaN counts as not representable).
+// out[i] = x[i] as bf16 for i < n; returns false (out then unspecified) when some x[i] is not
+// exactly representable in bf16. A NaN is copied as the quiet bf16 NaN of its sign (a product
+// with it is NaN either way), so one NaN row never moves the other rows of a batch to another
+// kernel: in the bf16 flow every projection input is a bf16 value, and the copy always succeeds.
 bool bf16_exact_copy(const float* x, int64_t n, bf16* out);
 
 // MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
@@ -65,7 +67,8 @@ struct MatmulJob {
   const void* w = nullptr;         // [N, K] f32 or bf16; MXFP4: packed nibbles [N, K/2]
   const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise
   int64_t N = 0, K = 0;
-  float* y = nullptr;  // [T, N] f32
+  float* y = nullptr;  // [T, N] f32, rows ldy apart
+  int64_t ldy = 0;     // row stride of y; 0 = N
 };
 
 // A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight), or over rows

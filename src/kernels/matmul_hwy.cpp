@@ -722,11 +722,12 @@ int64_t JobGroupRows(const MatmulJob& j) {
 void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
   const int64_t T = j.T, N = j.N, K = j.K, row_bytes = job_row_bytes(j), P = JobPageStride(j);
   float* y = j.y;
+  const int64_t ldy = j.ldy > 0 ? j.ldy : N;
   const auto dense = [&](const auto& xs, const auto& rows) {
     DriveRange<kMR, kNR>(T, K, row_bytes, P, row_begin, row_end,
                          [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
-                           DenseTile<decltype(mr)::value, decltype(nr)::value>(xs, t, rows, n, rs,
-                                                                               y + t * N + n, N);
+                           DenseTile<decltype(mr)::value, decltype(nr)::value>(
+                               xs, t, rows, n, rs, y + t * ldy + n, ldy);
                          });
   };
   switch (j.kind) {
@@ -742,7 +743,7 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
         DriveRange<kMR, kNR>(T, K, row_bytes, P, row_begin, row_end,
                              [&](auto mr, auto nr, int64_t t, int64_t n, int64_t rs) {
                                DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(
-                                   xh + t * K, K, wb, N, n, rs, y + t * N + n, N);
+                                   xh + t * K, K, wb, N, n, rs, y + t * ldy + n, ldy);
                              });
         break;
       }
@@ -758,7 +759,7 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
         DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
                                [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                                  Mxfp4DotTile<decltype(mr)::value, decltype(nr)::value>(
-                                     xh + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
+                                     xh + t * K, N, K, packed, j.scale, n, y + t * ldy + n, ldy);
                                });
         break;
       }
@@ -766,7 +767,7 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
       DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
                              [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                                Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
-                                   j.x + t * K, N, K, packed, j.scale, n, y + t * N + n, N);
+                                   j.x + t * K, N, K, packed, j.scale, n, y + t * ldy + n, ldy);
                              });
       break;
     }
@@ -877,11 +878,14 @@ bool matmul_bf16_uses_dot_product() {
 }
 
 bool bf16_exact_copy(const float* x, int64_t n, bf16* out) {
-  uint32_t inexact = 0;  // OR of the dropped low halves (and a flag for NaN)
+  uint32_t inexact = 0;  // OR of the dropped low halves of the non-NaN values
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-    inexact |= (u & 0xffffu) | static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
-    out[i] = bf16{static_cast<uint16_t>(u >> 16)};
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    // A NaN keeps its sign and becomes the quiet bf16 NaN (truncating its payload could give
+    // an infinity); every product with it is NaN in either kernel.
+    out[i] = bf16{static_cast<uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : u >> 16)};
+    inexact |= nan ? 0u : (u & 0xffffu);
   }
   return inexact == 0;
 }
@@ -983,7 +987,7 @@ void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs) {
           }
           acc += xr[k] * w;
         }
-        j.y[t * N + n] = acc;
+        j.y[t * (j.ldy > 0 ? j.ldy : N) + n] = acc;
       }
     }
   }

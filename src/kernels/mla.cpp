@@ -80,21 +80,25 @@ void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const 
 }
 
 namespace {
-// Floats holding the [H + 2] MatmulJob array at the start of the absorbed scratch.
-int64_t absorbed_job_floats(const MlaDims& d) {
-  return (d.H + 2) * static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
+// Floats holding the [H + 2 * pages + 2] MatmulJob array at the start of the absorbed scratch
+// (W_UV jobs per head; score jobs per context page for c_kv and k_rot).
+int64_t absorbed_job_floats(const MlaDims& d, int64_t N, int64_t page_rows) {
+  const int64_t pages = page_rows > 0 ? (N + page_rows - 1) / page_rows : 1;
+  return (d.H + 2 * pages + 2) *
+         static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float));
 }
 }  // namespace
 
-int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T) {
+int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T, int64_t page_rows) {
   (void)T;  // one token at a time: the scratch is reused
-  return absorbed_job_floats(d) + d.H * (2 * d.r + d.rope + 2 * N);
+  return absorbed_job_floats(d, N, page_rows) + d.H * (2 * d.r + d.rope + 2 * N);
 }
 
-MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch) {
+MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch,
+                                        int64_t page_rows) {
   MlaAbsorbedScratch s;
   s.jobs = reinterpret_cast<MatmulJob*>(scratch);
-  s.q_lat = scratch + absorbed_job_floats(d);
+  s.q_lat = scratch + absorbed_job_floats(d, N, page_rows);
   s.q_rot = s.q_lat + d.H * d.r;
   s.s_lat = s.q_rot + d.H * d.rope;
   s.s_rot = s.s_lat + d.H * N;

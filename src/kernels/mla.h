@@ -39,18 +39,33 @@ void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const floa
 void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const float* kv,
                              const float* k_rot, int64_t N, float* o, float* scratch);
 
-int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T);
+// Rows [0, rows) of a [rows, width] matrix stored in pages of `page_rows` rows: row i lives at
+// pages[i / page_rows] + (i % page_rows) * width (a paged latent cache, model/kv_cache.h). A
+// contiguous matrix is one page of `rows` rows.
+template <typename T>
+struct PagedRows {
+  const T* const* pages = nullptr;
+  int64_t page_rows = 0;
+  int64_t width = 0;
+  int64_t rows = 0;
+  int64_t num_pages() const { return page_rows > 0 ? (rows + page_rows - 1) / page_rows : 0; }
+};
+
+// Scratch of the absorbed form over a context of N rows in pages of page_rows rows (0: one
+// contiguous page).
+int64_t mla_absorbed_scratch_floats(const MlaDims& d, int64_t N, int64_t T, int64_t page_rows = 0);
 // The absorbed form's scratch (mla_absorbed_scratch_floats floats), carved the same way by the
 // fast kernel and its twin.
 struct MlaAbsorbedScratch {
-  MatmulJob* jobs;  // [H + 2]
+  MatmulJob* jobs;  // [H + 2 * pages + 2]
   float* q_lat;     // [H, r]
   float* q_rot;     // [H, rope]
   float* s_lat;     // [H, N] latent part of the scores
   float* s_rot;     // [H, N] rope part of the scores
   float* o_lat;     // [H, r]
 };
-MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch);
+MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch,
+                                        int64_t page_rows = 0);
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch);
@@ -63,6 +78,16 @@ void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const 
 // decode needs no dequantised copy of the whole context per layer and step.
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
                          const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         float* scratch);
+// The absorbed form over a paged context (c_kv.rows == k_rot.rows == N, the same page size),
+// read in place: bitwise the same as over the context in one contiguous page (every score is
+// one dot product wherever its row lies, and o_lat accumulates the rows in increasing index).
+// scratch: mla_absorbed_scratch_floats(d, N, T, page_rows).
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<float>& c_kv,
+                         const PagedRows<float>& k_rot, const TensorView& kv_b_proj, float* o,
+                         float* scratch);
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<bf16>& c_kv,
+                         const PagedRows<bf16>& k_rot, const TensorView& kv_b_proj, float* o,
                          float* scratch);
 
 }  // namespace attnres

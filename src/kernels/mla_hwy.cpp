@@ -346,23 +346,28 @@ void HeadSoftmax(float* s, const float* sr, int64_t n, float scale) {
   SoftmaxInplace(s, n);
 }
 
-// o_lat[:, c0..c1) = p [H, n] c_kv[n, r][:, c0..c1), context rows in blocks of kCtxBlock (the
-// block's columns stay in L1 while all heads pass over them).
+// o_lat[:, c0..c1) = p [H, n] c_kv[n, r][:, c0..c1) over a context in pages of page_rows rows,
+// rows in blocks of kCtxBlock inside each page (the block's columns stay in L1 while all heads
+// pass over them). Every column accumulates its rows in increasing index (through memory
+// between blocks, which is exact), so the paging never changes a value.
 template <typename X>
-void OLatColumns(const float* p, int64_t H, int64_t n, const X* c_kv, int64_t r, int64_t c0,
-                 int64_t c1, float* o_lat) {
-  for (int64_t j0 = 0; j0 < n; j0 += kCtxBlock) {
-    const int64_t j1 = std::min(n, j0 + kCtxBlock);
-    RowSums(H, p, n, 1, c_kv, r, j0, j1, j0 > 0, o_lat, r, c0, c1);
+void OLatColumns(const float* p, int64_t H, int64_t n, const X* const* pages, int64_t page_rows,
+                 int64_t r, int64_t c0, int64_t c1, float* o_lat) {
+  for (int64_t base = 0, k = 0; base < n; base += page_rows, ++k) {
+    const int64_t rows = std::min(page_rows, n - base);
+    for (int64_t j0 = 0; j0 < rows; j0 += kCtxBlock) {
+      const int64_t j1 = std::min(rows, j0 + kCtxBlock);
+      RowSums(H, p + base, n, 1, pages[k], r, j0, j1, base + j0 > 0, o_lat, r, c0, c1);
+    }
   }
 }
-void OLatColumnsF32(const float* p, int64_t H, int64_t n, const float* c_kv, int64_t r, int64_t c0,
-                    int64_t c1, float* o_lat) {
-  OLatColumns(p, H, n, c_kv, r, c0, c1, o_lat);
+void OLatColumnsF32(const float* p, int64_t H, int64_t n, const float* const* pages,
+                    int64_t page_rows, int64_t r, int64_t c0, int64_t c1, float* o_lat) {
+  OLatColumns(p, H, n, pages, page_rows, r, c0, c1, o_lat);
 }
-void OLatColumnsBf16(const float* p, int64_t H, int64_t n, const bf16* c_kv, int64_t r, int64_t c0,
-                     int64_t c1, float* o_lat) {
-  OLatColumns(p, H, n, c_kv, r, c0, c1, o_lat);
+void OLatColumnsBf16(const float* p, int64_t H, int64_t n, const bf16* const* pages,
+                     int64_t page_rows, int64_t r, int64_t c0, int64_t c1, float* o_lat) {
+  OLatColumns(p, H, n, pages, page_rows, r, c0, c1, o_lat);
 }
 
 int64_t ColumnBlockWidth() {
@@ -411,19 +416,21 @@ MatmulJob context_job(const float* x, int64_t T, const float* w, int64_t N, int6
 MatmulJob context_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y) {
   return bf16_job(x, T, w, N, K, y);
 }
-auto olat_kernel(const float*) {
+auto olat_kernel(const float* const*) {
   return HWY_DYNAMIC_DISPATCH(OLatColumnsF32);
 }
-auto olat_kernel(const bf16*) {
+auto olat_kernel(const bf16* const*) {
   return HWY_DYNAMIC_DISPATCH(OLatColumnsBf16);
 }
 
 template <typename C>
-void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv, const C* k_rot,
-                     int64_t N, const TensorView& kv_b_proj, float* o, float* scratch) {
-  const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
+void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<C>& c_kv,
+                     const PagedRows<C>& k_rot, const TensorView& kv_b_proj, float* o,
+                     float* scratch) {
+  const int64_t N = c_kv.rows, P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H;
+  const int64_t r = d.r, pr = c_kv.page_rows;
   // The twin's scratch layout (s_lat / s_rot rows are n_ctx long within their [H, N] space).
-  const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch);
+  const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch, pr);
   MatmulJob* jobs = sc.jobs;
   float *q_lat = sc.q_lat, *q_rot = sc.q_rot, *s_lat = sc.s_lat, *s_rot = sc.s_rot;
   float* o_lat = sc.o_lat;
@@ -431,7 +438,7 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
   const auto qlat_f32 = HWY_DYNAMIC_DISPATCH(QLatHeadF32);
   const auto qlat_bf16 = HWY_DYNAMIC_DISPATCH(QLatHeadBf16);
   const auto head_softmax = HWY_DYNAMIC_DISPATCH(HeadSoftmax);
-  const auto olat_cols = olat_kernel(c_kv);
+  const auto olat_cols = olat_kernel(c_kv.pages);
   const int64_t cbw = HWY_DYNAMIC_DISPATCH(ColumnBlockWidth)();
   const int64_t ncb = (r + cbw - 1) / cbw;
   for (int64_t t = 0; t < T; ++t) {
@@ -446,11 +453,20 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
         qlat_f32(d, qt, kv_b_proj.as<float>() + wrow, q_lat + h * r);
       for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
     }
-    // Scores of every head against the context in one batch (c_kv / k_rot rows act as weight
-    // rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x k_rot[n_ctx, rope]^T.
-    jobs[0] = context_job(q_lat, H, c_kv, n_ctx, r, s_lat);
-    jobs[1] = context_job(q_rot, H, k_rot, n_ctx, d.rope, s_rot);
-    matmul_batch(jobs, d.rope > 0 ? 2 : 1);
+    // Scores of every head against the context in one batch, one job per context page (c_kv /
+    // k_rot rows act as weight rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x
+    // k_rot[n_ctx, rope]^T into the [H, n_ctx] score rows.
+    int64_t nj = 0;
+    for (int64_t base = 0, k = 0; base < n_ctx; base += pr, ++k) {
+      const int64_t rows = std::min(pr, n_ctx - base);
+      jobs[nj] = context_job(q_lat, H, c_kv.pages[k], rows, r, s_lat + base);
+      jobs[nj++].ldy = n_ctx;
+      if (d.rope > 0) {
+        jobs[nj] = context_job(q_rot, H, k_rot.pages[k], rows, d.rope, s_rot + base);
+        jobs[nj++].ldy = n_ctx;
+      }
+    }
+    matmul_batch(jobs, nj);
     // Softmax per head, then o_lat = p c_kv split over column blocks of c_kv.
 #pragma omp parallel if (H * n_ctx * r > kParallelMinWork)
     {
@@ -459,7 +475,7 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
         head_softmax(s_lat + h * n_ctx, d.rope > 0 ? s_rot + h * n_ctx : nullptr, n_ctx, d.scale);
 #pragma omp for schedule(static)
       for (int64_t cb = 0; cb < ncb; ++cb)
-        olat_cols(s_lat, H, n_ctx, c_kv, r, cb * cbw, std::min(r, (cb + 1) * cbw), o_lat);
+        olat_cols(s_lat, H, n_ctx, c_kv.pages, pr, r, cb * cbw, std::min(r, (cb + 1) * cbw), o_lat);
     }
     // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
     for (int64_t h = 0; h < H; ++h)
@@ -469,18 +485,41 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
   }
 }
 
+// A contiguous context as one page.
+template <typename C>
+void attend_absorbed_contiguous(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
+                                const C* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                                float* scratch) {
+  const C* cp[1] = {c_kv};
+  const C* kp[1] = {k_rot};
+  attend_absorbed(d, q, T, PagedRows<C>{cp, N, d.r, N}, PagedRows<C>{kp, N, d.rope, N}, kv_b_proj,
+                  o, scratch);
+}
+
 }  // namespace
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch) {
-  attend_absorbed(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
                          const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
                          float* scratch) {
-  attend_absorbed(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+}
+
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<float>& c_kv,
+                         const PagedRows<float>& k_rot, const TensorView& kv_b_proj, float* o,
+                         float* scratch) {
+  attend_absorbed(d, q, T, c_kv, k_rot, kv_b_proj, o, scratch);
+}
+
+void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<bf16>& c_kv,
+                         const PagedRows<bf16>& k_rot, const TensorView& kv_b_proj, float* o,
+                         float* scratch) {
+  attend_absorbed(d, q, T, c_kv, k_rot, kv_b_proj, o, scratch);
 }
 
 }  // namespace attnres

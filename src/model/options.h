@@ -1,5 +1,5 @@
 // Forward options: activation dtype flow, MLA cache dtype, kernel-form choices, and the
-// deliberate misreadings that tests use to prove the golden data catch them.
+// projection-time instrumentation `attnres bench` reads.
 #pragma once
 
 #include <cstdint>
@@ -20,16 +20,6 @@ enum class KvCacheDtype { kAuto, kF32, kBF16, kFP8 };
 
 std::string_view kv_cache_dtype_name(KvCacheDtype d);
 
-// Known misreadings of the model (issue 4 part 5). All false in a correct run; tests switch
-// one on and check that the golden comparison then fails by a wide margin.
-struct Misreadings {
-  bool block_in_sublayers = false;      // commit when (2 i) % B == 0 instead of i % B == 0
-  bool commit_mixture = false;          // bank the pre-attention mixture instead of the running sum
-  bool skip_final_read = false;         // final norm on the running sum, no output mixture
-  bool per_channel_a_log = false;       // A_log indexed by channel within the head (padded tensor)
-  bool router_bias_in_weights = false;  // combine with s + bias instead of s
-};
-
 // Wall time and weight bytes of the projection batches the blocks and lm_head issue (every
 // nn.Linear and expert matrix, except kv_b_proj's per-head products inside MLA's absorbed
 // attention, which count as attention), split by the weights they stream: a batch with an
@@ -46,7 +36,6 @@ struct ForwardOptions {
   int64_t kda_chunk = 64;      // WY/UT chunk length for multi-token KDA steps
   bool kda_recurrent = false;  // force the recurrent KDA form for every step (reference)
   bool mla_absorbed = false;   // force the absorbed MLA form for every step
-  Misreadings mis;
   // When set, projection batches add their wall time and weight bytes here.
   ProjectionStats* projection_stats = nullptr;
 

@@ -103,31 +103,68 @@ Result<std::unique_ptr<PlannedForward>> PlannedForward::create(const ModelWeight
   return pf;
 }
 
-Status PlannedForward::run(SequenceState& state, const ForwardOptions& opt, Arena& arena,
-                           const int32_t* tokens, int64_t T, bool all_logits, float* logits) {
+namespace {
+
+Status check_segments(Segments segments, int64_t T, int64_t max_tokens) {
+  int64_t row = 0;
+  for (const Segment& s : segments) {
+    if (s.state == nullptr || s.rows <= 0 || s.row0 != row)
+      return Status(ErrorCode::kInvalidArgument,
+                    "forward step: segment at row " + std::to_string(s.row0) + " with " +
+                        std::to_string(s.rows) + " rows does not continue the step at row " +
+                        std::to_string(row));
+    row += s.rows;
+  }
+  if (row != T || T <= 0 || T > max_tokens)
+    return Status(ErrorCode::kInvalidArgument,
+                  "forward step: segments cover " + std::to_string(row) + " rows of a step of " +
+                      std::to_string(T) + " tokens (at most " + std::to_string(max_tokens) + ")");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status PlannedForward::run(Segments segments, const ForwardOptions& opt, Arena& arena,
+                           const int32_t* tokens, std::span<const int64_t> logit_rows,
+                           float* logits) {
   if (opt.act != executor_->options().dtype) {
     return Status(ErrorCode::kInvalidArgument,
                   "planned forward: activation dtype " + std::string(act_dtype_name(opt.act)) +
                       " but the executor was built for " +
                       std::string(act_dtype_name(executor_->options().dtype)));
   }
-  ModelSublayers sub(w_, state, opt, arena, T);
+  const int64_t T = segments.empty() ? 0 : segments.back().row0 + segments.back().rows;
+  ATTNRES_RETURN_IF_ERROR(check_segments(segments, T, max_tokens()));
+  ModelSublayers sub(w_, segments, opt, arena, T);
   ExecutorRunner runner(sub);
   ATTNRES_RETURN_IF_ERROR(
       executor_->run(runner, params_, std::span<const int32_t>(tokens, static_cast<size_t>(T))));
-  state.position += T;
-  const int64_t rows = all_logits ? T : 1;
+  advance_segments(segments);
+  // lm_head over the requested rows of the final normalised hidden state.
+  const int64_t n = static_cast<int64_t>(logit_rows.size()), d = w_.config.hidden_size;
+  if (n == 0) return Status::ok();
   const ActView fin = executor_->final_hidden();
-  const int64_t d = w_.config.hidden_size;
   arena.reset();
-  float* xn = arena.take<float>(rows * d);  // [rows, d] final normalised hidden state
-  ActView last = fin;
-  last.tokens = rows;
-  last.data = static_cast<std::byte*>(fin.data) +
-              static_cast<size_t>((T - rows) * d) * act_dtype_size(fin.dtype);
-  widen_rows(last, xn);
-  lm_head_logits(w_, opt, xn, rows, arena, logits);
+  float* xn = arena.take<float>(n * d);  // [n, d]
+  for (int64_t i = 0; i < n; ++i) {
+    ActView row = fin;
+    row.tokens = 1;
+    row.data =
+        static_cast<std::byte*>(fin.data) +
+        static_cast<size_t>(logit_rows[static_cast<size_t>(i)] * d) * act_dtype_size(fin.dtype);
+    widen_rows(row, xn + i * d);
+  }
+  lm_head_logits(w_, opt, xn, n, arena, logits);
   return Status::ok();
+}
+
+Status PlannedForward::run(SequenceState& state, const ForwardOptions& opt, Arena& arena,
+                           const int32_t* tokens, int64_t T, bool all_logits, float* logits) {
+  const Segment seg{&state, 0, T};
+  ATTNRES_RETURN_IF_ERROR(reserve_segments(Segments(&seg, 1)));
+  std::vector<int64_t> rows;
+  for (int64_t r = all_logits ? 0 : T - 1; r < T; ++r) rows.push_back(r);
+  return run(Segments(&seg, 1), opt, arena, tokens, rows, logits);
 }
 
 }  // namespace attnres

@@ -1,16 +1,20 @@
-// The planned forward path: the storage executor of plan/executor.h runs the forward program
-// under a storage plan (the `planned` policy by default) with the fused AttnRes step, calling
-// the model's sublayers through ExecutorRunner. Same function as reference_forward(); the model
-// tests keep the two in agreement and compare both with the golden data.
+// The production forward step: the storage executor of plan/executor.h runs the forward
+// program (plan/program.h: where the AttnRes semantics of this path are written down, step by
+// step) under a verified storage plan (the `planned` policy by default) with the fused AttnRes
+// step, over every row of a batched step (model/batch.h), calling the model's sublayers through
+// ExecutorRunner. Same function as reference_forward() for each sequence; the model tests keep
+// the two in agreement and compare both with the golden data.
 //
-// Contract: one PlannedForward per (model, activation dtype, max step length); it owns the
-// executor's activation arena (allocated once) and the widened norm gains. run() handles steps
-// of 1..max_tokens tokens; the sublayer scratch comes from the caller's Arena, which is reset
-// before every sublayer (nothing in it outlives a sublayer call), so the arena's size is that of
-// the largest sublayer, not of the step. Not thread-safe: one run at a time.
+// Contract: one PlannedForward per (model, activation dtype, token budget); it owns the
+// executor's activation arena (allocated once, [token budget, d] per plan storage) and the
+// widened norm gains. run() handles steps of 1..max_tokens() rows in any number of segments;
+// the sublayer scratch comes from the caller's Arena, which is reset before every sublayer
+// (nothing in it outlives a sublayer call), so the arena's size is that of the largest
+// sublayer, not of the step. Not thread-safe: one run at a time.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/forward.h"
@@ -39,9 +43,15 @@ class PlannedForward {
                                                         int64_t max_tokens,
                                                         Policy policy = Policy::kPlanned,
                                                         ReadKernel kernel = ReadKernel::kFused);
-  // One step of T <= max_tokens() tokens; logits [T, V] (all_logits) or [1, V].
-  // opt.act must equal the dtype given to create(); misreadings other than those inside the
-  // sublayers (per-channel A_log, router bias) are reference_forward()-only.
+  // One step over the rows of `segments` (contiguous, in row order; tokens [T] in row order,
+  // T <= max_tokens()). Every segment's cache must have room for its rows (reserve_segments);
+  // the states absorb the rows (advance_segments) on success. logits receives [n, V]: row i is
+  // the logits of step row logit_rows[i].
+  // opt.act must equal the dtype given to create().
+  Status run(Segments segments, const ForwardOptions& opt, Arena& arena, const int32_t* tokens,
+             std::span<const int64_t> logit_rows, float* logits);
+  // One sequence: T tokens; logits [T, V] (all_logits) or [1, V] (the last row). Reserves the
+  // cache itself.
   Status run(SequenceState& state, const ForwardOptions& opt, Arena& arena, const int32_t* tokens,
              int64_t T, bool all_logits, float* logits);
 

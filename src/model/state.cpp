@@ -1,8 +1,6 @@
 #include "model/state.h"
 
 #include <algorithm>
-#include <cassert>
-#include <cmath>
 
 namespace attnres {
 
@@ -27,130 +25,127 @@ void KdaState::clear() {
   std::fill(recurrent.begin(), recurrent.end(), 0.0f);
 }
 
-LatentCache::LatentCache(KvCacheDtype dtype, int64_t r, int64_t rope)
-    : dtype_(dtype), r_(r), rope_(rope) {
-  assert(dtype != KvCacheDtype::kAuto);
+int64_t KdaState::bytes() const {
+  return static_cast<int64_t>(sizeof(float) *
+                              (conv_q.size() + conv_k.size() + conv_v.size() + recurrent.size()));
 }
 
-size_t LatentCache::bytes_per_token() const {
-  const size_t w = static_cast<size_t>(r_ + rope_);
-  switch (dtype_) {
-    case KvCacheDtype::kBF16:
-      return 2 * w;
-    case KvCacheDtype::kFP8:
-      return w + 2 * sizeof(float);
-    default:
-      return 4 * w;
-  }
-}
+namespace {
 
-void LatentCache::grow(int64_t min_tokens) {
-  if (min_tokens <= cap_) return;
-  const int64_t cap = std::max(min_tokens, cap_ * 2);
-  for (int p = 0; p < 2; ++p) {
-    const size_t n = static_cast<size_t>(cap * width(p));
-    switch (dtype_) {
-      case KvCacheDtype::kBF16:
-        bf16_[p].resize(n);
-        break;
-      case KvCacheDtype::kFP8:
-        fp8_[p].resize(n);
-        break;
-      default:
-        f32_[p].resize(n);
-    }
-  }
-  if (dtype_ == KvCacheDtype::kFP8) scales_.resize(static_cast<size_t>(cap) * 2);
-  cap_ = cap;
-}
-
-void LatentCache::reserve(int64_t tokens) {
-  grow(tokens);
-}
-
-void LatentCache::append(const float* c_kv, const float* k_rot, int64_t T) {
-  grow(len_ + T);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* parts[2] = {c_kv + t * r_, k_rot + t * rope_};
-    for (int p = 0; p < 2; ++p) {
-      const float* src = parts[p];
-      const int64_t w = width(p), row = (len_ + t) * w;
-      switch (dtype_) {
-        case KvCacheDtype::kBF16:
-          for (int64_t i = 0; i < w; ++i)
-            bf16_[p][static_cast<size_t>(row + i)] = f32_to_bf16(src[i]);
-          break;
-        case KvCacheDtype::kFP8: {
-          float amax = 0.0f;
-          for (int64_t i = 0; i < w; ++i) amax = std::max(amax, std::fabs(src[i]));
-          const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
-          scales_[static_cast<size_t>((len_ + t) * 2 + p)] = scale;
-          for (int64_t i = 0; i < w; ++i)
-            fp8_[p][static_cast<size_t>(row + i)] = f32_to_fp8_e4m3(src[i] / scale);
-          break;
-        }
-        default:
-          std::copy(src, src + w, f32_[p].begin() + row);
-      }
-    }
-  }
-  len_ += T;
-}
-
-void LatentCache::read(int64_t n, float* c_kv, float* k_rot) const {
-  assert(n <= len_);
-#pragma omp parallel for schedule(static) if (n > 256)
-  for (int64_t t = 0; t < n; ++t) {
-    float* dst[2] = {c_kv + t * r_, k_rot + t * rope_};
-    for (int p = 0; p < 2; ++p) {
-      const int64_t w = width(p), row = t * w;
-      switch (dtype_) {
-        case KvCacheDtype::kBF16:
-          for (int64_t i = 0; i < w; ++i)
-            dst[p][i] = bf16_to_f32(bf16_[p][static_cast<size_t>(row + i)]);
-          break;
-        case KvCacheDtype::kFP8: {
-          const float scale = scales_[static_cast<size_t>(t * 2 + p)];
-          for (int64_t i = 0; i < w; ++i)
-            dst[p][i] = fp8_e4m3_to_f32(fp8_[p][static_cast<size_t>(row + i)]) * scale;
-          break;
-        }
-        default:
-          std::copy(f32_[p].begin() + row, f32_[p].begin() + row + w, dst[p]);
-      }
-    }
-  }
-}
-
-SequenceState SequenceState::create(const ModelConfig& c, KvCacheDtype cache_dtype) {
-  SequenceState s;
-  const size_t L = c.schedule.layers.size();
-  s.kda.resize(L);
-  s.mla.resize(L);
+KdaState zero_kda_state(const ModelConfig& c) {
   const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;
   const int64_t W = c.linear.short_conv_kernel_size;
+  KdaState k;
+  k.conv_q.assign(static_cast<size_t>(H * dk * (W - 1)), 0.0f);
+  k.conv_k.assign(static_cast<size_t>(H * dk * (W - 1)), 0.0f);
+  k.conv_v.assign(static_cast<size_t>(H * dv * (W - 1)), 0.0f);
+  k.recurrent.assign(static_cast<size_t>(H * dk * dv), 0.0f);
+  return k;
+}
+
+int64_t kda_bytes_of(const std::vector<KdaState>& kda) {
+  int64_t n = 0;
+  for (const KdaState& k : kda) n += k.bytes();
+  return n;
+}
+
+}  // namespace
+
+int64_t kda_state_bytes(const ModelConfig& c) {
+  return c.schedule.num_kda > 0 ? zero_kda_state(c).bytes() * c.schedule.num_kda : 0;
+}
+
+int64_t SequenceSnapshot::kda_bytes() const {
+  return kda_bytes_of(kda);
+}
+
+Result<SequenceState> SequenceState::create(const ModelConfig& c, KvPool& pool,
+                                            MemoryBudget* budget) {
+  SequenceState s;
+  if (budget != nullptr) {
+    const int64_t bytes = kda_state_bytes(c);
+    ATTNRES_RETURN_IF_ERROR(budget->take(bytes, "the KDA states of a sequence"));
+    s.budget_ = budget;
+    s.charged_ = bytes;
+  }
+  const size_t L = c.schedule.layers.size();
+  s.kda.resize(L);
+  s.mla_index.assign(L, -1);
+  int m = 0;
   for (size_t i = 0; i < L; ++i) {
     if (c.schedule.layers[i].attention == AttnKind::kKda) {
-      KdaState& k = s.kda[i];
-      k.conv_q.assign(static_cast<size_t>(H * dk * (W - 1)), 0.0f);
-      k.conv_k.assign(static_cast<size_t>(H * dk * (W - 1)), 0.0f);
-      k.conv_v.assign(static_cast<size_t>(H * dv * (W - 1)), 0.0f);
-      k.recurrent.assign(static_cast<size_t>(H * dk * dv), 0.0f);
+      s.kda[i] = zero_kda_state(c);
     } else {
-      s.mla[i] = LatentCache(cache_dtype, c.kv_lora_rank, c.qk_rope_head_dim);
+      s.mla_index[i] = m++;
     }
   }
+  s.cache = SequenceCache(&pool);
   return s;
 }
 
-void SequenceState::reserve(int64_t tokens) {
-  for (LatentCache& m : mla) m.reserve(tokens);
+SequenceState::SequenceState(SequenceState&& o) noexcept
+    : kda(std::move(o.kda)),
+      cache(std::move(o.cache)),
+      mla_index(std::move(o.mla_index)),
+      position(o.position),
+      budget_(o.budget_),
+      charged_(o.charged_) {
+  o.budget_ = nullptr;
+  o.charged_ = 0;
+  o.position = 0;
+}
+
+SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
+  if (this != &o) {
+    release_budget();
+    kda = std::move(o.kda);
+    cache = std::move(o.cache);
+    mla_index = std::move(o.mla_index);
+    position = o.position;
+    budget_ = o.budget_;
+    charged_ = o.charged_;
+    o.budget_ = nullptr;
+    o.charged_ = 0;
+    o.position = 0;
+  }
+  return *this;
+}
+
+SequenceState::~SequenceState() {
+  release_budget();
+}
+
+void SequenceState::release_budget() {
+  if (budget_ != nullptr) budget_->give(charged_);
+  budget_ = nullptr;
+  charged_ = 0;
 }
 
 void SequenceState::clear() {
   for (KdaState& k : kda) k.clear();
-  for (LatentCache& m : mla) m.clear();
+  cache.truncate(0);
   position = 0;
+}
+
+SequenceSnapshot SequenceState::snapshot() const {
+  SequenceSnapshot s;
+  s.position = position;
+  s.kda = kda;
+  s.cache = SequenceCache::share_prefix(cache, position);
+  return s;
+}
+
+void SequenceState::restore(const SequenceSnapshot& snap) {
+  for (size_t i = 0; i < kda.size(); ++i) {
+    const KdaState& from = snap.kda[i];
+    KdaState& to = kda[i];
+    std::copy(from.conv_q.begin(), from.conv_q.end(), to.conv_q.begin());
+    std::copy(from.conv_k.begin(), from.conv_k.end(), to.conv_k.begin());
+    std::copy(from.conv_v.begin(), from.conv_v.end(), to.conv_v.begin());
+    std::copy(from.recurrent.begin(), from.recurrent.end(), to.recurrent.begin());
+  }
+  cache = SequenceCache::share_prefix(snap.cache, snap.position);
+  position = snap.position;
 }
 
 }  // namespace attnres

@@ -2,20 +2,23 @@
 
 #include <chrono>
 
-#include "model/forward.h"
+#include "model/reference.h"
 
 namespace attnres {
 
 Session::Session(const ModelWeights& w, const SessionOptions& o)
-    : weights_(w), options_(o), state_(SequenceState::create(w.config, o.forward.cache_dtype())) {}
+    : weights_(w), options_(o), pool_(w.config, o.forward.cache_dtype(), o.page_tokens) {}
 
 Result<std::unique_ptr<Session>> Session::create(const ModelWeights& weights,
                                                  const SessionOptions& options) {
-  if (options.chunk_size <= 0) {
-    return Status(ErrorCode::kInvalidArgument, "session: chunk size must be positive, got " +
-                                                   std::to_string(options.chunk_size));
+  if (options.chunk_size <= 0 || options.page_tokens <= 0) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "session: chunk size and page size must be positive, got " +
+                      std::to_string(options.chunk_size) + " and " +
+                      std::to_string(options.page_tokens));
   }
   std::unique_ptr<Session> s(new Session(weights, options));
+  ATTNRES_ASSIGN_OR_RETURN(s->state_, SequenceState::create(weights.config, s->pool_));
   if (options.planned) {
     ATTNRES_ASSIGN_OR_RETURN(
         s->planned_, PlannedForward::create(weights, options.forward.act, options.chunk_size,
@@ -68,7 +71,6 @@ Result<GenerateResult> generate_greedy(Session& session, std::span<const int32_t
   using Clock = std::chrono::steady_clock;
   GenerateResult r;
   const int64_t V = session.vocab_size();
-  session.reserve(session.position() + static_cast<int64_t>(prompt.size()) + max_new_tokens);
   std::vector<float> logits;
   auto t0 = Clock::now();
   ATTNRES_RETURN_IF_ERROR(session.prefill(prompt, keep_logits, logits));

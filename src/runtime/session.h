@@ -1,9 +1,9 @@
 // Session: one sequence being generated. It holds the model state (KDA recurrent and conv
-// states, MLA latent caches), the planned forward (storage executor with the `planned` policy,
-// buffers for one prefill chunk) and the per-step scratch arena. Prefill runs in chunks of at
-// most `chunk_size` tokens (default 4096); decode appends one token per step. After the first
-// step of each shape no heap allocation happens per layer (the arena keeps its size; the caches
-// grow geometrically unless reserve() sized them).
+// states, the paged MLA latent cache in a pool of its own), the planned forward (storage
+// executor with the `planned` policy, buffers for one prefill chunk) and the per-step scratch
+// arena. Prefill runs in chunks of at most `chunk_size` tokens (default 4096); decode appends
+// one token per step. After the first step of each shape no heap allocation happens per layer
+// (the arena keeps its size; the cache takes a page every page_tokens positions).
 //
 // Thread-safety: a Session is used by one thread at a time; many sessions may share one
 // immutable ModelWeights.
@@ -16,6 +16,7 @@
 
 #include "io/weights.h"
 #include "model/arena.h"
+#include "model/kv_cache.h"
 #include "model/options.h"
 #include "model/planned.h"
 #include "model/state.h"
@@ -26,6 +27,7 @@ namespace attnres {
 struct SessionOptions {
   ForwardOptions forward;     // activation dtype, cache dtype, KDA chunk length
   int64_t chunk_size = 4096;  // prefill chunk (also the executor's buffer rows)
+  int64_t page_tokens = 64;   // latent-cache page size (positions)
   // The storage executor with the `planned` policy (default), or the reference forward with
   // separately stored values (for cross-checks).
   bool planned = true;
@@ -45,7 +47,6 @@ class Session {
 
   int64_t position() const { return state_.position; }
   int64_t vocab_size() const { return weights_.config.vocab_size; }
-  void reserve(int64_t tokens) { state_.reserve(tokens); }
   void reset() { state_.clear(); }
   const SessionOptions& options() const { return options_; }
   const SequenceState& state() const { return state_; }
@@ -65,6 +66,7 @@ class Session {
 
   const ModelWeights& weights_;
   SessionOptions options_;
+  KvPool pool_;
   SequenceState state_;
   Arena arena_;
   std::unique_ptr<PlannedForward> planned_;

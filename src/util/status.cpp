@@ -42,6 +42,10 @@ std::string_view error_code_name(ErrorCode code) {
       return "invalid_argument";
     case ErrorCode::kHazard:
       return "hazard";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kCancelled:
+      return "cancelled";
     case ErrorCode::kInternal:
       return "internal";
   }

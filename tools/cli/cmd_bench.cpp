@@ -137,7 +137,7 @@ int run_bench(const BenchArgs& a) {
     auto session = Session::create(*weights, so);
     if (!session) return fail(session.status().to_string());
     Session& s = **session;
-    s.reserve(a.prompt_tokens + a.gen_tokens);
+
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = s.prefill(prompt, /*all_logits=*/false, logits); !st.is_ok())
       return fail(st.to_string());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -187,10 +188,18 @@ TEST(MatmulBatch, Bf16ExactCopy) {
   std::vector<bf16> h(x.size());
   ASSERT_TRUE(bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), h.data()));
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bf16_to_f32(h[i]), x[i]) << i;
-  for (float bad : {1.0f + 0x1p-10f, std::nanf(""), 0.1f}) {
+  for (float bad : {1.0f + 0x1p-10f, 0.1f}) {
     std::vector<float> y = x;
     y[3] = bad;
     EXPECT_FALSE(bf16_exact_copy(y.data(), static_cast<int64_t>(y.size()), h.data())) << bad;
+  }
+  // NaN (also one whose payload sits only in the dropped half) becomes a bf16 NaN of its sign.
+  for (uint32_t bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800123u}) {
+    std::vector<float> y = x;
+    y[3] = std::bit_cast<float>(bits);
+    ASSERT_TRUE(bf16_exact_copy(y.data(), static_cast<int64_t>(y.size()), h.data()));
+    EXPECT_TRUE(std::isnan(bf16_to_f32(h[3]))) << std::hex << bits;
+    EXPECT_EQ(std::signbit(bf16_to_f32(h[3])), (bits >> 31) != 0u);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "io/weights.h"
 #include "model/forward.h"
 #include "model/planned.h"
+#include "model/reference.h"
 
 namespace attnres::testing {
 
@@ -75,10 +76,19 @@ inline ForwardOptions f32_options() {
   return o;
 }
 
+// A sequence with a latent-cache pool of its own (small pages, so that tests cross page
+// boundaries often).
+struct TestSequence {
+  KvPool pool;
+  SequenceState state;
+  TestSequence(const ModelConfig& c, KvCacheDtype dtype, int64_t page_tokens = 16)
+      : pool(c, dtype, page_tokens), state(SequenceState::create(c, pool).value()) {}
+};
+
 // Prefill of `prompt` in chunks of `chunk` tokens (0 = one shot); logits of every row [T, V].
 inline std::vector<float> prefill(const ModelWeights& w, const std::vector<int32_t>& prompt,
                                   const ForwardOptions& opt, SequenceState& state, Arena& arena,
-                                  int64_t chunk = 0) {
+                                  int64_t chunk = 0, const Misreadings& mis = {}) {
   const int64_t T = static_cast<int64_t>(prompt.size()), V = w.config.vocab_size;
   std::vector<float> logits(static_cast<size_t>(T * V));
   if (chunk <= 0) chunk = T;
@@ -86,24 +96,26 @@ inline std::vector<float> prefill(const ModelWeights& w, const std::vector<int32
     const int64_t n = std::min(chunk, T - t0);
     arena.reset();
     Status st = reference_forward(w, state, opt, arena, prompt.data() + t0, n, true,
-                                  logits.data() + t0 * V);
+                                  logits.data() + t0 * V, nullptr, mis);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
   }
   return logits;
 }
 
 inline std::vector<float> prefill(const ModelWeights& w, const std::vector<int32_t>& prompt,
-                                  const ForwardOptions& opt, int64_t chunk = 0) {
-  SequenceState state = SequenceState::create(w.config, opt.cache_dtype());
+                                  const ForwardOptions& opt, int64_t chunk = 0,
+                                  const Misreadings& mis = {}) {
+  TestSequence seq(w.config, opt.cache_dtype());
   Arena arena;
-  return prefill(w, prompt, opt, state, arena, chunk);
+  return prefill(w, prompt, opt, seq.state, arena, chunk, mis);
 }
 
 // Teacher-forced decode: row 0 = last prefill row, row j = logits after feeding fed[j-1].
 inline std::vector<float> decode_rows(const ModelWeights& w, const std::vector<int32_t>& prompt,
                                       const std::vector<int32_t>& fed, const ForwardOptions& opt) {
   const int64_t V = w.config.vocab_size, T = static_cast<int64_t>(prompt.size());
-  SequenceState state = SequenceState::create(w.config, opt.cache_dtype());
+  TestSequence seq(w.config, opt.cache_dtype());
+  SequenceState& state = seq.state;
   Arena arena;
   std::vector<float> pre = prefill(w, prompt, opt, state, arena);
   std::vector<float> rows(pre.end() - V, pre.end());
@@ -150,7 +162,8 @@ inline std::vector<float> planned_run(const ModelWeights& w, const std::vector<i
   auto pf = PlannedForward::create(w, opt.act, chunk, policy, kernel);
   EXPECT_TRUE(pf.is_ok()) << pf.status().to_string();
   if (!pf.is_ok()) return {};
-  SequenceState state = SequenceState::create(w.config, opt.cache_dtype());
+  TestSequence seq(w.config, opt.cache_dtype());
+  SequenceState& state = seq.state;
   Arena arena;
   std::vector<float> out(static_cast<size_t>(P * V));
   for (int64_t t0 = 0; t0 < P; t0 += chunk) {

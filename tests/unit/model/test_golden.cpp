@@ -80,7 +80,8 @@ TEST(GoldenIntermediates, TinyAMatchesLayerByLayer) {
                            std::to_string(scale) + ")");
     }
   };
-  SequenceState state = SequenceState::create(g.weights.config, KvCacheDtype::kF32);
+  testing::TestSequence seq(g.weights.config, KvCacheDtype::kF32);
+  SequenceState& state = seq.state;
   Arena arena;
   std::vector<float> logits(prompt.size() * static_cast<size_t>(g.weights.config.vocab_size));
   ASSERT_TRUE(reference_forward(g.weights, state, testing::f32_options(), arena, prompt.data(),

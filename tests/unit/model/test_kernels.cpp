@@ -13,6 +13,7 @@
 #include "kernels/norm.h"
 #include "kernels/router.h"
 #include "model/arena.h"
+#include "model/kv_cache.h"
 #include "model/state.h"
 
 namespace attnres {
@@ -277,13 +278,23 @@ TEST(LatentCacheStorage, RoundTripErrorBounds) {
   const int64_t r = 64, R = 16, T = 9;
   std::vector<float> c_kv = randn(T * r, 71), k_rot = randn(T * R, 72, 30.0f);
   for (int64_t i = 0; i < r; ++i) c_kv[i] = 0.0f;  // an all-zero part: scale 1, exact zeros
+  ModelConfig c;
+  c.kv_lora_rank = r;
+  c.qk_rope_head_dim = R;
+  c.schedule.num_mla = 2;
   for (KvCacheDtype dt : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kFP8}) {
-    LatentCache cache(dt, r, R);
-    cache.append(c_kv.data(), k_rot.data(), 4);  // two appends: rows keep their own scales
-    cache.append(c_kv.data() + 4 * r, k_rot.data() + 4 * R, T - 4);
-    ASSERT_EQ(cache.size(), T);
+    KvPool pool(c, dt, /*page_tokens=*/4);
+    SequenceCache cache(&pool);
+    // Two writes across pages into layer 1: rows keep their own scales.
+    ASSERT_TRUE(cache.reserve(4).is_ok());
+    cache.write(1, 0, c_kv.data(), k_rot.data(), 4);
+    cache.set_size(4);
+    ASSERT_TRUE(cache.reserve(T).is_ok());
+    cache.write(1, 4, c_kv.data() + 4 * r, k_rot.data() + 4 * R, T - 4);
+    cache.set_size(T);
+    ASSERT_EQ(cache.num_pages(), 3);
     std::vector<float> c2(T * r), k2(T * R);
-    cache.read(T, c2.data(), k2.data());
+    cache.read(1, T, c2.data(), k2.data());
     for (int part = 0; part < 2; ++part) {
       const std::vector<float>& x = part == 0 ? c_kv : k_rot;
       const std::vector<float>& y = part == 0 ? c2 : k2;
@@ -303,8 +314,10 @@ TEST(LatentCacheStorage, RoundTripErrorBounds) {
       }
     }
   }
-  EXPECT_EQ(LatentCache(KvCacheDtype::kFP8, 512, 64).bytes_per_token(), 576u + 8u);
-  EXPECT_EQ(LatentCache(KvCacheDtype::kBF16, 512, 64).bytes_per_token(), 1152u);
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  EXPECT_EQ(KvPool(c, KvCacheDtype::kFP8, 64).bytes_per_token_per_layer(), 576 + 8);
+  EXPECT_EQ(KvPool(c, KvCacheDtype::kBF16, 64).bytes_per_token_per_layer(), 1152);
 }
 
 TEST(ArenaStorage, AlignedDisjointAndCoalescedOnReset) {

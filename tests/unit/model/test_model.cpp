@@ -126,9 +126,11 @@ TEST(Sublayers, ExactWhenOutputAliasesInput) {
     for (int kind = 0; kind < 2; ++kind) {
       std::vector<float> separate(x.size()), aliased = x;
       for (int pass = 0; pass < 2; ++pass) {
-        SequenceState state = SequenceState::create(c, opt.cache_dtype());
+        testing::TestSequence seq(c, opt.cache_dtype());
+        const Segment segment{&seq.state, 0, T};
+        ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
         Arena arena;
-        ModelSublayers run(g.weights, state, opt, arena, T);
+        ModelSublayers run(g.weights, Segments(&segment, 1), opt, arena, T);
         float* in = pass == 0 ? x.data() : aliased.data();
         float* out = pass == 0 ? separate.data() : aliased.data();
         if (kind == 0)
@@ -167,8 +169,8 @@ TEST(Arena, RepeatedStepsOfTheSameShapeDoNotAllocate) {
   const testing::GoldenSet& g = golden("tiny-a");
   const ForwardOptions opt = testing::f32_options();
   const std::vector<int32_t> prompt = g.ids("case1.prompt_ids");
-  SequenceState state = SequenceState::create(g.weights.config, opt.cache_dtype());
-  state.reserve(64);
+  testing::TestSequence seq(g.weights.config, opt.cache_dtype());
+  SequenceState& state = seq.state;
   Arena arena;
   std::vector<float> logits(static_cast<size_t>(g.weights.config.vocab_size));
   for (int32_t tok : prompt) {
@@ -207,17 +209,25 @@ TEST(Bf16Flow, CloseToF32OnTheFirstStep) {
 
 // ---- Known misreadings (issue 4 part 5): each must move the logits far outside tolerance ----
 
-float misread_diff(const char* set, void (*mutate)(ForwardOptions&)) {
+// A misreading is either of the AttnRes schedule (reference_forward's Misreadings) or of how a
+// tensor is bound (a copy of the weights bound the wrong way).
+struct Misread {
+  Misreadings schedule;
+  void (*rebind)(ModelWeights&) = nullptr;
+};
+
+float misread_diff(const char* set, const Misread& m) {
   const testing::GoldenSet& g = golden(set);
-  ForwardOptions opt = testing::f32_options();
-  mutate(opt);
-  return testing::max_abs_diff(testing::prefill(g.weights, g.ids("case2.prompt_ids"), opt),
-                               g.floats("case2.prefill_logits"));
+  ModelWeights w = g.weights;
+  if (m.rebind != nullptr) m.rebind(w);
+  return testing::max_abs_diff(
+      testing::prefill(w, g.ids("case2.prompt_ids"), testing::f32_options(), 0, m.schedule),
+      g.floats("case2.prefill_logits"));
 }
 
-void expect_caught(void (*mutate)(ForwardOptions&), const char* what) {
+void expect_caught(const Misread& m, const char* what) {
   for (const char* set : {"tiny-a", "tiny-b"}) {
-    const float diff = misread_diff(set, mutate);
+    const float diff = misread_diff(set, m);
     std::printf("[ %s ] misreading %s: max|diff| %.3g\n", set, what, diff);
     if (std::string(what) == "block_in_sublayers" && std::string(set) == "tiny-a") {
       // B = 3 is odd: (2i) % 3 == 0 iff i % 3 == 0, so tiny-a cannot see it (README).
@@ -229,20 +239,47 @@ void expect_caught(void (*mutate)(ForwardOptions&), const char* what) {
 }
 
 TEST(Misreadings, BlockCountedInSublayers) {
-  expect_caught([](ForwardOptions& o) { o.mis.block_in_sublayers = true; }, "block_in_sublayers");
+  Misread m;
+  m.schedule.block_in_sublayers = true;
+  expect_caught(m, "block_in_sublayers");
 }
 TEST(Misreadings, CommitTheMixtureInsteadOfTheRunningSum) {
-  expect_caught([](ForwardOptions& o) { o.mis.commit_mixture = true; }, "commit_mixture");
+  Misread m;
+  m.schedule.commit_mixture = true;
+  expect_caught(m, "commit_mixture");
 }
 TEST(Misreadings, SkipTheFinalRead) {
-  expect_caught([](ForwardOptions& o) { o.mis.skip_final_read = true; }, "skip_final_read");
+  Misread m;
+  m.schedule.skip_final_read = true;
+  expect_caught(m, "skip_final_read");
 }
+// The padded A_log [head_dim] taken per channel within each head (entry i for channel i of
+// every head, zero past the H real entries) instead of per head.
 TEST(Misreadings, PerChannelALog) {
-  expect_caught([](ForwardOptions& o) { o.mis.per_channel_a_log = true; }, "per_channel_a_log");
+  Misread m;
+  m.rebind = [](ModelWeights& w) {
+    for (LayerWeights& l : w.layers) {
+      if (!l.kda) continue;
+      KdaWeights& k = *l.kda;
+      const int64_t H = static_cast<int64_t>(k.a_log.size()), dk = k.a_log_group;
+      std::vector<float> per_channel(static_cast<size_t>(H * dk));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < dk; ++i)
+          per_channel[static_cast<size_t>(h * dk + i)] =
+              i < H ? k.a_log[static_cast<size_t>(i)] : 0;
+      k.a_log = per_channel;
+      k.a_log_group = 1;
+    }
+  };
+  expect_caught(m, "per_channel_a_log");
 }
 TEST(Misreadings, RouterBiasUsedAsWeight) {
-  expect_caught([](ForwardOptions& o) { o.mis.router_bias_in_weights = true; },
-                "router_bias_in_weights");
+  Misread m;
+  m.rebind = [](ModelWeights& w) {
+    for (LayerWeights& l : w.layers)
+      if (l.moe) l.moe->combine_with_bias = true;
+  };
+  expect_caught(m, "router_bias_in_weights");
 }
 
 // 1-based layer lists read as 0-based: writing the MLA layers' 0-based ids into the 1-based

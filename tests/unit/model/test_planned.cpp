@@ -80,9 +80,11 @@ TEST(PlannedForward, Bf16SublayersExactWhenOutputAliasesInput) {
   for (int layer : {0, 1, 3}) {
     std::vector<bf16> separate(x.size()), aliased = x, input = x;
     for (int pass = 0; pass < 2; ++pass) {
-      SequenceState state = SequenceState::create(c, opt.cache_dtype());
+      testing::TestSequence seq(c, opt.cache_dtype());
+      const Segment segment{&seq.state, 0, T};
+      ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
       Arena arena;
-      ModelSublayers sub(g.weights, state, opt, arena, T);
+      ModelSublayers sub(g.weights, Segments(&segment, 1), opt, arena, T);
       ExecutorRunner run(sub);
       ActView in{pass == 0 ? input.data() : aliased.data(), ActDType::kBF16, T, d};
       ActView out{pass == 0 ? separate.data() : aliased.data(), ActDType::kBF16, T, d};

@@ -1,0 +1,148 @@
+// Multi-head latent attention sublayer (k3-model.md §4: NoPE MLA with the sigmoid output gate)
+// over the rows of one step; each segment attends over its own sequence's latent cache.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/mla.h"
+#include "kernels/norm.h"
+#include "model/blocks.h"
+#include "model/projection.h"
+
+namespace attnres {
+namespace {
+
+MlaDims mla_dims(const ModelConfig& c) {
+  MlaDims md;
+  md.H = c.num_attention_heads;
+  md.nope = c.qk_nope_head_dim;
+  md.rope = c.qk_rope_head_dim;
+  md.v = c.v_head_dim;
+  md.r = c.kv_lora_rank;
+  md.scale = 1.0f / std::sqrt(static_cast<float>(md.nope + md.rope));
+  return md;
+}
+
+// Queries q [T, H, nope + rope], latents c_kv [T, r] (normalised) and k_rot [T, rope], and the
+// output gate's logits [T, H*v] when the layer has one.
+struct MlaRows {
+  float* q;
+  float* c_kv;
+  float* k_rot;
+  float* gate;
+};
+
+void project_inputs(const ModelConfig& c, const MlaWeights& w, const MlaDims& md, const Proj& pj,
+                    const float* x, int64_t T, const MlaRows& a) {
+  const bool bf16 = pj.bf16;
+  const float eps = ModelConfig::kMlaLatentNormEps;
+  const int64_t kvw = md.r + md.rope;
+  float* cq = c.q_lora_rank > 0 ? pj.arena.take<float>(T * c.q_lora_rank) : nullptr;  // [T, r_q]
+  float* kva = pj.arena.take<float>(T * kvw);                                         // [T, r+rope]
+  {
+    // The projections of x at once (one parallel region).
+    MatmulJob jobs[3] = {cq ? dense_job(x, T, w.q_a_proj, cq) : dense_job(x, T, w.q_proj, a.q),
+                         dense_job(x, T, w.kv_a_proj, kva)};
+    int n = 2;
+    if (a.gate != nullptr) jobs[n++] = dense_job(x, T, w.g_proj, a.gate);
+    project_batch(pj, jobs, n);
+  }
+  if (cq) {
+    rms_norm(cq, T, c.q_lora_rank, w.q_a_norm, eps, bf16, cq);
+    project(pj, cq, T, w.q_b_proj, a.q);
+  }
+  // [c_kv | k_rot] per token, then c_kv normalised; the cache gets the normalised latents.
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(a.c_kv + t * md.r, kva + t * kvw, sizeof(float) * static_cast<size_t>(md.r));
+    std::memcpy(a.k_rot + t * md.rope, kva + t * kvw + md.r,
+                sizeof(float) * static_cast<size_t>(md.rope));
+  }
+  rms_norm(a.c_kv, T, md.r, w.kv_a_norm, eps, bf16, a.c_kv);
+}
+
+// The absorbed form (decode) over the cache as stored: bf16 and f32 pages are read in place,
+// fp8 pages through a dequantised copy.
+void attend_absorbed(const MlaWeights& w, const MlaDims& md, const SequenceCache& cache, int m,
+                     const float* q, int64_t T, int64_t N, Arena& arena, float* o) {
+  const int64_t pages = (N + cache.pool()->page_tokens() - 1) / cache.pool()->page_tokens();
+  const auto run = [&](const auto& c_kv, const auto& k_rot, int64_t page_rows) {
+    float* scratch = arena.take<float>(mla_absorbed_scratch_floats(md, N, T, page_rows));
+    mla_attend_absorbed(md, q, T, c_kv, k_rot, w.kv_b_proj, o, scratch);
+  };
+  switch (cache.pool()->dtype()) {
+    case KvCacheDtype::kBF16: {
+      const bf16** cp = arena.take<const bf16*>(2 * pages);
+      run(cache.c_kv_rows<bf16>(m, N, cp), cache.k_rot_rows<bf16>(m, N, cp + pages),
+          cache.pool()->page_tokens());
+      break;
+    }
+    case KvCacheDtype::kF32: {
+      const float** cp = arena.take<const float*>(2 * pages);
+      run(cache.c_kv_rows<float>(m, N, cp), cache.k_rot_rows<float>(m, N, cp + pages),
+          cache.pool()->page_tokens());
+      break;
+    }
+    default: {
+      float* ctx_c = arena.take<float>(N * md.r);     // [N, r]
+      float* ctx_k = arena.take<float>(N * md.rope);  // [N, rope]
+      cache.read(m, N, ctx_c, ctx_k);
+      const float* cp[1] = {ctx_c};
+      const float* kp[1] = {ctx_k};
+      run(PagedRows<float>{cp, N, md.r, N}, PagedRows<float>{kp, N, md.rope, N}, 0);
+    }
+  }
+}
+
+// The expanded form (prefill, the HF form): k_nope | v of every context token from kv_b_proj.
+void attend_expanded(const MlaWeights& w, const MlaDims& md, const SequenceCache& cache, int m,
+                     const Proj& pj, const float* q, int64_t T, int64_t N, float* o) {
+  Arena& arena = pj.arena;
+  float* ctx_c = arena.take<float>(N * md.r);     // [N, r]
+  float* ctx_k = arena.take<float>(N * md.rope);  // [N, rope]
+  cache.read(m, N, ctx_c, ctx_k);
+  float* kv = arena.take<float>(N * md.H * (md.nope + md.v));  // [N, H, nope + v]
+  project(pj, ctx_c, N, w.kv_b_proj, kv);
+  float* scratch = arena.take<float>(mla_expanded_scratch_floats(N, T));
+  mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
+}
+
+}  // namespace
+
+void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments segments,
+               const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
+  const Proj pj = make_proj(opt, arena);
+  const bool bf16 = opt.bf16();
+  const MlaDims md = mla_dims(c);
+  const int64_t qw = md.nope + md.rope, ow = md.H * md.v;
+  MlaRows a;
+  a.q = arena.take<float>(T * md.H * qw);
+  a.c_kv = arena.take<float>(T * md.r);
+  a.k_rot = arena.take<float>(T * md.rope);
+  a.gate = w.g_proj.data != nullptr ? arena.take<float>(T * ow) : nullptr;
+  project_inputs(c, w, md, pj, x, T, a);
+
+  // Per segment: append its latents to its sequence's cache, then attend over the whole
+  // context as stored (dequantised), so one-shot and chunked prefill and decode all attend to
+  // the same values.
+  float* o = arena.take<float>(T * ow);  // [T, H, v]
+  for (const Segment& s : segments) {
+    SequenceCache& cache = s.state->cache;
+    const int m = s.state->mla_index[static_cast<size_t>(layer)];
+    const int64_t p0 = s.state->position, N = p0 + s.rows;
+    cache.write(m, p0, a.c_kv + s.row0 * md.r, a.k_rot + s.row0 * md.rope, s.rows);
+    const float* q = a.q + s.row0 * md.H * qw;
+    float* os = o + s.row0 * ow;
+    if (s.rows == 1 || opt.mla_absorbed)
+      attend_absorbed(w, md, cache, m, q, s.rows, N, arena, os);
+    else
+      attend_expanded(w, md, cache, m, pj, q, s.rows, N, os);
+  }
+  round_to_bf16(o, T * ow, bf16);
+  if (a.gate != nullptr) {
+    for (int64_t i = 0; i < T * ow; ++i) o[i] *= sigmoidf(a.gate[i]);
+    round_to_bf16(o, T * ow, bf16);
+  }
+  project(pj, o, T, w.o_proj, out);
+}
+
+}  // namespace attnres

@@ -1,0 +1,91 @@
+#include "model/projection.h"
+
+#include <chrono>
+
+#include "kernels/activation.h"
+#include "kernels/norm.h"
+
+namespace attnres {
+
+Proj make_proj(const ForwardOptions& opt, Arena& arena) {
+  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product(),
+              opt.projection_stats};
+}
+
+namespace {
+
+// Sets xh on the BF16 and MXFP4 jobs (one copy per distinct input of the batch).
+void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
+  if (!pj.dot) return;
+  for (int64_t i = 0; i < n; ++i) {
+    MatmulJob& j = jobs[i];
+    if (j.kind == WeightKind::kF32 || j.T <= 0 || j.xh != nullptr) continue;
+    for (int64_t p = 0; p < i && j.xh == nullptr; ++p)
+      if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].K == j.K) j.xh = jobs[p].xh;
+    if (j.xh != nullptr) continue;
+    bf16* xh = pj.arena.take<bf16>(j.T * j.K);  // [T, K]
+    if (bf16_exact_copy(j.x, j.T * j.K, xh)) j.xh = xh;
+  }
+}
+
+void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double seconds) {
+  int64_t bytes = 0;
+  bool mxfp4 = false;
+  for (int64_t i = 0; i < n; ++i) {
+    bytes += job_weight_bytes(jobs[i]);
+    mxfp4 = mxfp4 || (jobs[i].kind == WeightKind::kMxfp4 && jobs[i].T > 0);
+  }
+  (mxfp4 ? stats.mxfp4_seconds : stats.dense_seconds) += seconds;
+  (mxfp4 ? stats.mxfp4_bytes : stats.dense_bytes) += bytes;
+  ++stats.batches;
+}
+
+}  // namespace
+
+void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
+  attach_bf16_inputs(pj, jobs, n);
+  if (pj.stats == nullptr) {
+    matmul_batch(jobs, n);
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul_batch(jobs, n);
+    record(*pj.stats, jobs, n,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  for (int64_t i = first_rounded; i < n; ++i)
+    round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, pj.bf16);
+}
+
+void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* y) {
+  MatmulJob j = dense_job(x, T, W, y);
+  project_batch(pj, &j, 1);
+}
+
+MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
+  return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y)
+                 : dense_job(x, T, m.dense, y);
+}
+
+const float* widen(const TensorView& t, Arena& arena) {
+  if (t.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
+    return t.as<float>();
+  const int64_t n = t.numel();
+  float* out = arena.take<float>(n);
+  if (t.dtype == DType::kBF16) {
+    const bf16* src = t.as<bf16>();
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = t.get_f32(i);
+  }
+  return out;
+}
+
+void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
+                      bool bf16_out, float* out) {
+  if (c.hidden_act == Activation::kSitu)
+    situ(gate, up, n, c.situ_beta, c.situ_linear_beta, bf16_out, out);
+  else
+    silu_mul(gate, up, n, bf16_out, out);
+}
+
+}  // namespace attnres
