@@ -27,20 +27,11 @@
 #include <span>
 #include <vector>
 
+#include "attnres/sampling.h"
 #include "util/status.h"
 
 namespace attnres {
 
-struct SamplingParams {
-  float temperature = 1.0f;         // 0 = greedy
-  int32_t top_k = 0;                // 0 = off
-  float top_p = 1.0f;               // 1 = off
-  float min_p = 0.0f;               // 0 = off
-  float repetition_penalty = 1.0f;  // 1 = off
-  float presence_penalty = 0.0f;    // 0 = off
-  float frequency_penalty = 0.0f;   // 0 = off
-  uint64_t seed = 0;
-};
 
 // kInvalidArgument naming the field, its legal range and the value found.
 Status validate_sampling_params(const SamplingParams& p);

@@ -53,9 +53,9 @@ std::string StopStringMatcher::flush() {
 }
 
 TokenStreamer::TokenStreamer(const Tokenizer& tokenizer, std::vector<TokenId> stop_ids,
-                             std::vector<std::string> stop_strings)
+                             std::vector<std::string> stop_strings, bool exact_stop_ids)
     : tokenizer_(&tokenizer), stop_ids_(std::move(stop_ids)), strings_(std::move(stop_strings)) {
-  if (stop_ids_.empty()) {
+  if (stop_ids_.empty() && !exact_stop_ids) {
     const TokenId eom = tokenizer.special_id(kEndOfMsgToken);
     if (eom >= 0) stop_ids_.push_back(eom);
   }

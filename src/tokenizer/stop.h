@@ -42,9 +42,10 @@ class StopStringMatcher {
 
 class TokenStreamer {
  public:
-  // An empty `stop_ids` means the tokenizer's <|end_of_msg|> (when it has one).
+  // An empty `stop_ids` means the tokenizer's <|end_of_msg|> (when it has one) unless
+  // `exact_stop_ids`, which takes the list as given (empty: no stop token).
   TokenStreamer(const Tokenizer& tokenizer, std::vector<TokenId> stop_ids = {},
-                std::vector<std::string> stop_strings = {});
+                std::vector<std::string> stop_strings = {}, bool exact_stop_ids = false);
   // Feeds one generated token; returns the text to show now. Unknown ids are an error.
   Result<std::string> push(TokenId id);
   // End of generation: the remaining text.
@@ -52,6 +53,8 @@ class TokenStreamer {
   bool stopped() const { return stopped_ || strings_.stopped(); }
   // Why the stream stopped: "token", "string" or "" (not stopped).
   std::string_view stop_reason() const;
+  // The stop string that ended the stream (empty if none did).
+  const std::string& matched_stop_string() const { return strings_.matched(); }
 
  private:
   const Tokenizer* tokenizer_;

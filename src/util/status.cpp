@@ -44,6 +44,10 @@ std::string_view error_code_name(ErrorCode code) {
       return "hazard";
     case ErrorCode::kResourceExhausted:
       return "resource_exhausted";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kContextLengthExceeded:
+      return "context_length_exceeded";
     case ErrorCode::kCancelled:
       return "cancelled";
     case ErrorCode::kInternal:

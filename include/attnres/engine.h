@@ -1,0 +1,205 @@
+// attnres public API: load a model, and run generation requests through the batched engine.
+//
+// Model: the weights (memory-mapped, validated) and the tokenizer of one model directory in the
+// published Kimi-K3 layout. Immutable after load; one Model may serve several engines.
+//
+// Engine: continuous batching over many sequences. Each step() is one forward pass over every
+// running sequence: one row per decoding sequence plus prefill chunks of the others, within a
+// token budget. Chunks start and end on a fixed grid of the sequence's own positions (multiples
+// of prefill_chunk), so a sequence's chunking, and with it every logit it gets, is the same
+// whatever else runs; the engine is batch invariant bit for bit (model/batch.h): a request's
+// output does not depend on what shares its steps. Sampling, stop tokens and strings, streaming
+// detokenisation, context limits and cancellation live here, one loop for every front end.
+//
+// Memory: the latent cache lives in pages of one pool; every admitted sequence reserves its
+// worst case (KDA states + pages for prompt + max_new_tokens, bounded by the context) against
+// `kv_budget`, so an admitted request never runs out of memory; pages are allocated as they
+// are written. The prefix store (snapshots of exact positions, runtime/prefix_store.h) has a
+// budget of its own. A request that cannot fit even in an empty engine is refused at submit().
+//
+// Thread-safety: an Engine is driven by one thread (submit, cancel, step); callbacks run on
+// that thread inside step(). Models are safe to share.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "attnres/sampling.h"
+#include "attnres/status.h"
+
+namespace attnres {
+
+struct ModelWeights;  // internal (src/io/weights.h)
+class Tokenizer;      // internal (src/tokenizer/tokenizer.h)
+
+struct ModelLoadOptions {
+  std::string dir;        // config.json + model.safetensors (or shards + index)
+  std::string tokenizer;  // tiktoken.model path; default DIR/tiktoken.model
+  bool require_tokenizer = true;
+  // Called with a line to show while loading (model mapped, tokenizer loaded); may be null.
+  std::function<void(const std::string&)> progress;
+};
+
+struct ModelInfo {
+  std::string dir;
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;  // max_position_embeddings (0 if the config has none)
+  int num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t bytes_mapped = 0;
+  int64_t tensors_bound = 0;
+  int64_t weight_bytes = 0;  // bytes of every bound tensor
+  bool has_tokenizer = false;
+  std::vector<int32_t> stop_tokens;  // <|end_of_msg|> and the config's eos, when present
+};
+
+class Model {
+ public:
+  static Result<std::shared_ptr<const Model>> load(const ModelLoadOptions& options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelInfo& info() const;
+  // Text to ids (ordinary text: control tokens never come out of it unless allow_special).
+  Result<std::vector<int32_t>> encode(std::string_view text, bool allow_special = false) const;
+  Result<std::string> decode(std::span<const int32_t> ids) const;
+  int32_t special_token(std::string_view name) const;  // -1 when absent
+
+  // In-tree access for the engine and the developer tools.
+  const ModelWeights& weights() const;
+  const Tokenizer* tokenizer() const;  // null without one
+
+ private:
+  Model();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class ActivationType { kBF16, kF32 };
+enum class CacheType { kAuto, kF32, kBF16, kFP8 };
+
+struct EngineOptions {
+  ActivationType activation = ActivationType::kBF16;
+  CacheType cache = CacheType::kAuto;  // auto: bf16 for bf16 activations, f32 for f32
+  int max_sequences = 16;              // running at once (the rest wait in the queue)
+  int64_t max_queue = 1 << 20;         // waiting requests beyond which submit() refuses
+  int64_t prefill_chunk = 512;         // prefill chunk grid (positions)
+  int64_t context_length = 0;          // 0: the model's max_position_embeddings
+  int64_t kv_budget = -1;              // bytes; -1: max_sequences full contexts
+  int64_t prefix_cache_bytes = 0;      // 0: no prefix store
+  int64_t snapshot_interval = 0;       // prefill snapshots every N positions (0: 4 chunks)
+  int64_t page_tokens = 64;            // latent-cache page size (positions)
+  int64_t kda_chunk = 64;              // WY chunk of the KDA prefill form
+  bool allow_forced_tokens = false;    // test flag: let requests dictate their output tokens
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_new_tokens = -1;   // -1: up to the context
+  bool strict_context = false;   // prompt + max_new_tokens must fit the context (else refused)
+  bool ignore_eos = false;       // generate through the model's stop tokens
+  std::vector<int32_t> stop_tokens;        // besides the model's
+  std::vector<std::string> stop_strings;   // text that ends the generation (not shown)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
+  int top_logprobs = -1;         // -1: none; 0..20: the chosen token's logprob and the top n
+  bool keep_logits = false;      // every prompt row's and every sampled row's logits
+  bool use_prefix_cache = true;  // restore from / add to the prefix store
+  bool snapshot_at_end = false;  // also store the state after the last token (chat turns)
+  std::vector<int32_t> forced_tokens;  // needs EngineOptions::allow_forced_tokens
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct TokenEvent {
+  int32_t token = 0;
+  std::string text;  // what may be shown now (complete UTF-8; stop strings held back)
+  float logprob = 0;                // when requested: log softmax of the raw logits
+  std::vector<TokenLogprob> top;    // top_logprobs entries, most likely first
+};
+
+enum class FinishReason { kStopToken, kStopString, kLength, kContext, kCancelled, kError };
+std::string_view finish_reason_name(FinishReason r);  // "stop", "stop_string", "length", ...
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // generated ids (a stop token that ended it included)
+  std::string text;             // everything shown
+  FinishReason reason = FinishReason::kLength;
+  std::string stop_string;      // the stop string that matched
+  Status error;                 // with kError
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;    // restored from the prefix store
+  double queue_seconds = 0;     // submit to admission
+  double ttft_seconds = 0;      // submit to the first token
+  double decode_seconds = 0;    // first token to the last
+  std::vector<float> logits;    // keep_logits: [prompt rows + sampled rows, V]
+};
+
+struct GenerationCallbacks {
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(GenerationResult&&)> on_finish;
+  std::function<void(int64_t done, int64_t total)> on_prefill;  // after each prompt chunk
+};
+
+using RequestId = uint64_t;
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t submitted = 0, rejected = 0, finished = 0, cancelled = 0, failed = 0;
+  int64_t prompt_tokens = 0, prefilled_tokens = 0, generated_tokens = 0;
+  int64_t steps = 0;
+  double step_seconds = 0;          // forward passes and sampling
+  double forward_seconds = 0;       // forward passes alone
+  double attnres_read_seconds = 0;  // AttnRes reads inside them
+  double dense_seconds = 0, mxfp4_seconds = 0;  // projection batches (ProjectionStats)
+  int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  int64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_matched = 0,
+          prefix_tokens_restored = 0, prefix_tokens_recomputed = 0, prefix_bytes = 0,
+          prefix_entries = 0;
+  int64_t kv_reserved_bytes = 0, kv_budget_bytes = 0, kv_pages_in_use = 0, kv_page_bytes = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(std::shared_ptr<const Model> model,
+                                                const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Errors name the field: kInvalidArgument (bad ids, sampling
+  // values, logit_bias), kContextLengthExceeded (the prompt, or with strict_context the prompt
+  // plus max_new_tokens, exceeds the context), kResourceExhausted (larger than the whole
+  // kv_budget), kUnavailable (the queue is full).
+  Result<RequestId> submit(GenerationRequest request, GenerationCallbacks callbacks);
+  // A queued request finishes (kCancelled) at once, a running one at the next step. Unknown or
+  // finished ids are ignored.
+  void cancel(RequestId id);
+  // One iteration: admits what fits, runs one forward step, samples, calls back.
+  Status step();
+  bool has_work() const;
+  // Steps until no work is left or `stop` returns true (checked before every step).
+  Status run(const std::function<bool()>& stop = nullptr);
+
+  const EngineStats& stats() const;
+  const EngineOptions& options() const;
+  int64_t context_length() const;
+  int64_t token_budget() const;  // rows of one step: max_sequences + prefill_chunk
+
+ private:
+  Engine();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attnres

@@ -1,0 +1,101 @@
+// Model (include/attnres/engine.h): the weights and tokenizer of one model directory.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "attnres/engine.h"
+#include "io/weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace attnres {
+
+struct Model::Impl {
+  ModelWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+  ModelInfo info;
+};
+
+Model::Model() : impl_(std::make_unique<Impl>()) {}
+Model::~Model() = default;
+
+const ModelInfo& Model::info() const {
+  return impl_->info;
+}
+const ModelWeights& Model::weights() const {
+  return impl_->weights;
+}
+const Tokenizer* Model::tokenizer() const {
+  return impl_->tokenizer.get();
+}
+
+namespace {
+
+Status load_tokenizer(const ModelLoadOptions& o, const ModelWeights& w,
+                      std::unique_ptr<Tokenizer>& out) {
+  const std::string path = o.tokenizer.empty() ? o.dir + "/tiktoken.model" : o.tokenizer;
+  std::error_code ec;
+  if (o.tokenizer.empty() && !o.require_tokenizer && !std::filesystem::exists(path, ec))
+    return Status::ok();
+  ATTNRES_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(path, PreTokenizer::kKimi));
+  if (tok.vocab_size() > w.config.vocab_size) {
+    return Status(ErrorCode::kInconsistent,
+                  path + ": tokenizer has " + std::to_string(tok.vocab_size()) +
+                      " ids but the model's vocab_size is " + std::to_string(w.config.vocab_size));
+  }
+  out = std::make_unique<Tokenizer>(std::move(tok));
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  std::shared_ptr<Model> m(new Model());
+  ATTNRES_ASSIGN_OR_RETURN(m->impl_->weights, load_model(o.dir));
+  const ModelWeights& w = m->impl_->weights;
+  int64_t bound = 0;
+  for (const auto& [dtype, bytes] : w.report.bytes_by_dtype) bound += bytes;
+  if (o.progress) {
+    char line[256];
+    std::snprintf(line, sizeof line, "loaded %s: %.2f GB mapped, %lld tensors (%.2f GB) in %.2f s",
+                  o.dir.c_str(), static_cast<double>(w.report.bytes_mapped) / 1e9,
+                  static_cast<long long>(w.report.tensors_bound), static_cast<double>(bound) / 1e9,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+    o.progress(line);
+  }
+  ATTNRES_RETURN_IF_ERROR(load_tokenizer(o, w, m->impl_->tokenizer));
+  ModelInfo& info = m->impl_->info;
+  info.dir = o.dir;
+  info.vocab_size = w.config.vocab_size;
+  info.context_length = w.config.max_position_embeddings.value_or(0);
+  info.num_layers = w.config.num_hidden_layers;
+  info.hidden_size = w.config.hidden_size;
+  info.bytes_mapped = w.report.bytes_mapped;
+  info.tensors_bound = w.report.tensors_bound;
+  info.weight_bytes = bound;
+  info.has_tokenizer = m->impl_->tokenizer != nullptr;
+  if (const Tokenizer* t = m->impl_->tokenizer.get()) {
+    if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0) info.stop_tokens.push_back(eom);
+  }
+  if (w.config.eos_token_id) info.stop_tokens.push_back(static_cast<int32_t>(*w.config.eos_token_id));
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+Result<std::vector<int32_t>> Model::encode(std::string_view text, bool allow_special) const {
+  if (!impl_->tokenizer)
+    return Status(ErrorCode::kInvalidArgument, impl_->info.dir + ": the model has no tokenizer");
+  return impl_->tokenizer->encode(text, allow_special);
+}
+
+Result<std::string> Model::decode(std::span<const int32_t> ids) const {
+  if (!impl_->tokenizer)
+    return Status(ErrorCode::kInvalidArgument, impl_->info.dir + ": the model has no tokenizer");
+  return impl_->tokenizer->decode(ids);
+}
+
+int32_t Model::special_token(std::string_view name) const {
+  return impl_->tokenizer ? impl_->tokenizer->special_id(name) : -1;
+}
+
+}  // namespace attnres
