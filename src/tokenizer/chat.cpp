@@ -14,7 +14,9 @@ using Segments = std::vector<ChatSegment>;
 void text(Segments& out, std::string s) {
   if (!s.empty()) out.push_back({std::move(s), false});
 }
-void control(Segments& out, std::string_view s) { out.push_back({std::string(s), true}); }
+void control(Segments& out, std::string_view s) {
+  out.push_back({std::string(s), true});
+}
 
 std::string escape_attr(std::string_view v) {
   std::string out;
@@ -176,8 +178,12 @@ Status render_tool_run(Segments& out, std::span<const ChatMessage> messages, siz
   return Status::ok();
 }
 
-const char* effort_list() { return "low, high, max"; }
-bool known_effort(std::string_view e) { return e == "low" || e == "high" || e == "max"; }
+const char* effort_list() {
+  return "low, high, max";
+}
+bool known_effort(std::string_view e) {
+  return e == "low" || e == "high" || e == "max";
+}
 
 }  // namespace
 
@@ -186,8 +192,8 @@ Result<std::vector<ChatSegment>> render_chat_template(std::span<const ChatMessag
   Segments out;
   if (o.thinking && o.thinking_effort && !known_effort(*o.thinking_effort))
     return Status(ErrorCode::kInvalidValue, "thinking_effort: unsupported value \"" +
-                                                *o.thinking_effort + "\" (supported: " +
-                                                effort_list() + ")");
+                                                *o.thinking_effort +
+                                                "\" (supported: " + effort_list() + ")");
   if (o.tools.is_array() && !o.tools.empty()) render_tool_declare(out, o.tools, false);
   if (o.thinking && o.thinking_effort)
     internal_system_message(

@@ -58,9 +58,19 @@ using ChatPiece = ChatSegment;
 Result<ChatPiece> chat_piece(const Tokenizer& tokenizer, TokenId id);
 
 struct ChatParserOptions {
-  bool thinking = true;                // the generation prompt opened think (else response)
+  bool thinking = true;                  // the generation prompt opened think (else response)
   std::string call_id_prefix = "call_";  // ids are prefix + index; give each response its own
 };
+
+// The parser for the output of a rendered request: it starts in the channel that the request's
+// generation prompt opened.
+inline ChatParserOptions chat_parser_options(const ChatTemplateOptions& request,
+                                             std::string call_id_prefix = "call_") {
+  ChatParserOptions o;
+  o.thinking = request.thinking;
+  o.call_id_prefix = std::move(call_id_prefix);
+  return o;
+}
 
 struct ChatParsedToolCall {
   size_t index = 0;

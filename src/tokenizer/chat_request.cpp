@@ -45,8 +45,8 @@ Status wrong_type(const std::string& path, std::string_view expected, const Json
 }
 
 Status missing(const std::string& path, std::string_view expected) {
-  return Status(ErrorCode::kMissingField, path + ": missing (expected " + std::string(expected) +
-                                              ")");
+  return Status(ErrorCode::kMissingField,
+                path + ": missing (expected " + std::string(expected) + ")");
 }
 
 bool present(const Json& obj, const char* key) {
@@ -89,7 +89,8 @@ Status parse_content(const Json& m, const std::string& where, bool required, Cha
   for (size_t k = 0; k < c.size(); ++k) {
     const Json& part = c[k];
     const std::string pp = path + "[" + std::to_string(k) + "]";
-    if (!part.is_object()) return wrong_type(pp, "an object {\"type\": \"text\", \"text\": ...}", part);
+    if (!part.is_object())
+      return wrong_type(pp, "an object {\"type\": \"text\", \"text\": ...}", part);
     if (!present(part, "type")) return missing(pp + ".type", "\"text\"");
     const Json& type = part.at("type");
     if (!type.is_string()) return wrong_type(pp + ".type", "a string", type);
@@ -154,8 +155,7 @@ Status parse_tool_call(const Json& call, const std::string& cp, const ChatReques
     tc.arguments = args;
     return Status::ok();
   }
-  if (!args.is_string())
-    return wrong_type(ap, "an object or a string holding a JSON object", args);
+  if (!args.is_string()) return wrong_type(ap, "an object or a string holding a JSON object", args);
   const std::string& s = args.get_ref<const std::string&>();
   if (python_is_blank(s)) {
     tc.arguments = options.parse_string_arguments ? Json::object() : args;
@@ -163,7 +163,8 @@ Status parse_tool_call(const Json& call, const std::string& cp, const ChatReques
   }
   Json parsed = Json::parse(s, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded())
-    return Status(ErrorCode::kBadJson, ap + ": expected a string holding a JSON object, found "
+    return Status(ErrorCode::kBadJson, ap +
+                                           ": expected a string holding a JSON object, found "
                                            "text that is not JSON: " +
                                            quoted(args));
   if (!parsed.is_object())
@@ -173,8 +174,7 @@ Status parse_tool_call(const Json& call, const std::string& cp, const ChatReques
   return Status::ok();
 }
 
-Status parse_message(const Json& m, size_t i, const ChatRequestOptions& options,
-                     ChatMessage& msg) {
+Status parse_message(const Json& m, size_t i, const ChatRequestOptions& options, ChatMessage& msg) {
   const std::string where = "messages[" + std::to_string(i) + "]";
   if (!m.is_object()) return wrong_type(where, "a message object", m);
   if (!present(m, "role")) return missing(where + ".role", "system, user, assistant or tool");
@@ -190,9 +190,8 @@ Status parse_message(const Json& m, size_t i, const ChatRequestOptions& options,
   } else if (r == "tool") {
     msg.role = ChatRole::kTool;
   } else {
-    return Status(ErrorCode::kInvalidValue,
-                  where + ".role: unknown role " + quoted(role) +
-                      " (expected system, user, assistant or tool)");
+    return Status(ErrorCode::kInvalidValue, where + ".role: unknown role " + quoted(role) +
+                                                " (expected system, user, assistant or tool)");
   }
   switch (msg.role) {
     case ChatRole::kSystem:
@@ -264,8 +263,10 @@ Status parse_tool_choice(const Json& v, ChatToolChoice& dst) {
 
 Status parse_response_format(const Json& v, ChatTemplateOptions& o) {
   if (!v.is_object()) return wrong_type("response_format", "an object {\"type\": ...}", v);
-  if (!present(v, "type")) return missing("response_format.type", "\"text\", \"json_object\" or "
-                                                                  "\"json_schema\"");
+  if (!present(v, "type"))
+    return missing("response_format.type",
+                   "\"text\", \"json_object\" or "
+                   "\"json_schema\"");
   const Json& type = v.at("type");
   if (type == "text") {
     o.response_format = ChatResponseFormat::kText;
@@ -277,8 +278,7 @@ Status parse_response_format(const Json& v, ChatTemplateOptions& o) {
       return missing("response_format.json_schema", "an object {\"name\", \"schema\"}");
     const Json& wrapper = v.at("json_schema");
     if (!wrapper.is_object())
-      return wrong_type("response_format.json_schema", "an object {\"name\", \"schema\"}",
-                        wrapper);
+      return wrong_type("response_format.json_schema", "an object {\"name\", \"schema\"}", wrapper);
     // The template's schema lookup: json_schema.schema, else json_schema.json_schema, else the
     // json_schema object itself.
     if (wrapper.contains("schema")) {

@@ -108,9 +108,8 @@ void append_lower(uint32_t cp, std::string& out) {
   }
   const auto* begin = std::begin(unicode_lower::kLowerRuns);
   const auto* end = std::end(unicode_lower::kLowerRuns);
-  const auto* run = std::upper_bound(begin, end, cp, [](uint32_t c, const unicode_lower::Run& r) {
-    return c < r.first;
-  });
+  const auto* run = std::upper_bound(
+      begin, end, cp, [](uint32_t c, const unicode_lower::Run& r) { return c < r.first; });
   if (run != begin) {
     --run;
     const uint32_t off = cp - run->first;
@@ -197,8 +196,7 @@ std::string python_float_repr(double x) {
   for (char c : sci.substr(0, e))
     if (c != '.') digits += c;
   int exp10 = 0;
-  std::from_chars(sci.data() + e + 1 + (sci[e + 1] == '+' ? 1 : 0), sci.data() + sci.size(),
-                  exp10);
+  std::from_chars(sci.data() + e + 1 + (sci[e + 1] == '+' ? 1 : 0), sci.data() + sci.size(), exp10);
   if (digits == "0") {  // zero (to_chars writes 0e+00)
     out += "0.0";
     return out;
@@ -264,6 +262,8 @@ std::string_view python_strip(std::string_view s) {
   return begin >= end ? std::string_view() : s.substr(begin, end - begin);
 }
 
-bool python_is_blank(std::string_view s) { return python_strip(s).empty(); }
+bool python_is_blank(std::string_view s) {
+  return python_strip(s).empty();
+}
 
 }  // namespace attnres

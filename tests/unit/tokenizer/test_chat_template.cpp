@@ -49,16 +49,16 @@ const Reference& reference() {
     Reference r;
     const std::string py = find_python();
     if (py.empty()) {
-      r.error = "no python3 with jinja2 found (Debian: python3-jinja2; run scripts/install-deps.sh)";
+      r.error =
+          "no python3 with jinja2 found (Debian: python3-jinja2; run scripts/install-deps.sh)";
       return r;
     }
     const fs::path out =
         fs::temp_directory_path() / ("attnres_chat_ref_" + std::to_string(::getpid()) + ".jsonl");
-    const std::string cmd = py + " " + ATTNRES_SOURCE_DIR +
-                            "/tests/scripts/chat_template_reference.py --template " +
-                            ATTNRES_FIXTURES_DIR + "/kimi-k3/chat_template.jinja --seed " +
-                            std::to_string(kSeed) + " --count " + std::to_string(kCases) +
-                            " --out " + out.string();
+    const std::string cmd =
+        py + " " + ATTNRES_SOURCE_DIR + "/tests/scripts/chat_template_reference.py --template " +
+        ATTNRES_FIXTURES_DIR + "/kimi-k3/chat_template.jinja --seed " + std::to_string(kSeed) +
+        " --count " + std::to_string(kCases) + " --out " + out.string();
     if (std::system(cmd.c_str()) != 0) {
       r.error = "reference script failed: " + cmd;
       return r;
@@ -135,14 +135,14 @@ TEST(ChatTemplateParity, RandomRequestsRenderLikeJinja2) {
     for (const auto& f : c["features"]) ++features[f.get<std::string>()];
     ChatRequestOptions options;
     options.parse_string_arguments = c["parse_string_arguments"].get<bool>();
-    const std::string where = "case " + std::to_string(c["case"].get<int>()) +
-                              " (parse_string_arguments=" +
-                              (options.parse_string_arguments ? "true" : "false") +
-                              "), request:\n" + c["request"].dump(1, ' ', false,
-                                                                  Json::error_handler_t::replace);
+    const std::string where =
+        "case " + std::to_string(c["case"].get<int>()) +
+        " (parse_string_arguments=" + (options.parse_string_arguments ? "true" : "false") +
+        "), request:\n" + c["request"].dump(1, ' ', false, Json::error_handler_t::replace);
     auto request = parse_chat_request(c["request"], options);
     Result<std::vector<ChatSegment>> segments =
-        request ? render_chat_request(*request) : Result<std::vector<ChatSegment>>(request.status());
+        request ? render_chat_request(*request)
+                : Result<std::vector<ChatSegment>>(request.status());
     if (!c["error"].is_null()) {
       EXPECT_FALSE(segments.is_ok()) << "jinja2 raised \"" << c["error"].get<std::string>()
                                      << "\" but C++ rendered; " << where;
@@ -168,17 +168,46 @@ TEST(ChatTemplateParity, RandomRequestsRenderLikeJinja2) {
   EXPECT_GE(rendered, 200);
   EXPECT_GE(refused, 5);
   // The generator must really cover every feature (a coverage guard, not a reference).
-  for (const char* f :
-       {"system", "named", "multi_turn", "reasoning_content", "reasoning", "blank_reasoning",
-        "tools", "dynamic_tools", "tool_calls", "flat_tool_call", "arg_string", "arg_number",
-        "arg_boolean", "arg_null", "arg_object", "arg_array", "json_string_arguments",
-        "raw_json_block", "xtml_json_block", "tool_result_by_id", "tool_result_by_id_reordered",
-        "tool_result_by_order", "tool_result_named", "tool_result_unresolved",
-        "tool_choice_none", "tool_choice_required", "response_format_json_object",
-        "response_format_json_schema", "thinking_on", "thinking_off", "effort_low",
-        "effort_high", "effort_max", "effort_null", "effort_unsupported",
-        "add_generation_prompt_false", "attr_escape", "non_ascii", "content_parts",
-        "template_error"})
+  for (const char* f : {"system",
+                        "named",
+                        "multi_turn",
+                        "reasoning_content",
+                        "reasoning",
+                        "blank_reasoning",
+                        "tools",
+                        "dynamic_tools",
+                        "tool_calls",
+                        "flat_tool_call",
+                        "arg_string",
+                        "arg_number",
+                        "arg_boolean",
+                        "arg_null",
+                        "arg_object",
+                        "arg_array",
+                        "json_string_arguments",
+                        "raw_json_block",
+                        "xtml_json_block",
+                        "tool_result_by_id",
+                        "tool_result_by_id_reordered",
+                        "tool_result_by_order",
+                        "tool_result_named",
+                        "tool_result_unresolved",
+                        "tool_choice_none",
+                        "tool_choice_required",
+                        "response_format_json_object",
+                        "response_format_json_schema",
+                        "thinking_on",
+                        "thinking_off",
+                        "effort_low",
+                        "effort_high",
+                        "effort_max",
+                        "effort_null",
+                        "effort_unsupported",
+                        "add_generation_prompt_false",
+                        "attr_escape",
+                        "non_ascii",
+                        "content_parts",
+                        "template_error"})
     EXPECT_GE(features[f], 5) << "feature " << f << " is generated too rarely";
 }
 
