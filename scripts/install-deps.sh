@@ -7,6 +7,7 @@ pkgs=(
   libhwy-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   clang clang-format libclang-rt-14-dev
+  python3 python3-jinja2
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -365,7 +365,8 @@ const xtmlType = (v) => typeof v === "boolean" ? "boolean" : v === null ? "null"
   : typeof v === "number" ? "number" : typeof v === "string" ? "string"
   : Array.isArray(v) ? "array" : "object";
 // encoding_k3.py normalize_xtml_tool_result_messages: a run of tool messages whose ids all
-// match calls of the preceding assistant message is put in call order and named by the calls.
+// match calls of the preceding assistant message is put in call order and named by the calls;
+// any other run is left untouched.
 function orderToolResults(messages) {
   const out = [];
   let callIndex = new Map();
@@ -388,11 +389,12 @@ function orderToolResults(messages) {
       const t = messages[i];
       const id = t.tool_call_id ?? t.id;
       const target = id != null ? callIndex.get(String(id)) : undefined;
-      if (!target) { unresolved = true; run.push([0, t]); }
-      else run.push([target[0], { ...t, tool: target[1] }]);
+      if (!target) { unresolved = true; run.push([0, t, t]); }
+      else run.push([target[0], { ...t, tool: target[1] }, t]);
     }
-    // Unresolved: the order is kept, but the resolved ones still take their calls' names.
-    if (unresolved) out.push(...run.map(([, t]) => t));
+    // A run that is not fully matched is left as it is (order and names), as the published
+    // chat template (../shared/models/kimi-k3/chat_template.jinja) and encoding_k3.py do.
+    if (unresolved) out.push(...run.map(([, , original]) => original));
     else out.push(...run.sort((a, b) => a[0] - b[0]).map(([, t]) => t));
   }
   return out;

@@ -1,17 +1,20 @@
-// Kimi-K3 XTML chat rendering; see chat.h for the format and contract.
+// Kimi-K3 XTML chat rendering; see chat.h for the format and contract. Each function below
+// mirrors the template macro of the same name (tests/fixtures/kimi-k3/chat_template.jinja).
 #include "tokenizer/chat.h"
 
-#include "tokenizer/utf8.h"
+#include <algorithm>
 
 namespace attnres {
 namespace {
 
+using Json = nlohmann::ordered_json;
 using Attrs = std::vector<std::pair<std::string, std::string>>;
+using Segments = std::vector<ChatSegment>;
 
-void text(std::vector<ChatSegment>& out, std::string s) {
+void text(Segments& out, std::string s) {
   if (!s.empty()) out.push_back({std::move(s), false});
 }
-void control(std::vector<ChatSegment>& out, std::string_view s) {
+void control(Segments& out, std::string_view s) {
   out.push_back({std::string(s), true});
 }
 
@@ -29,30 +32,52 @@ std::string escape_attr(std::string_view v) {
   return out;
 }
 
-void open_tag(std::vector<ChatSegment>& out, std::string_view tag, const Attrs& attrs = {}) {
+void open_tag(Segments& out, std::string_view tag, const Attrs& attrs = {}) {
   control(out, kOpenToken);
   text(out, std::string(tag));
   for (const auto& [k, v] : attrs) text(out, " " + k + "=\"" + escape_attr(v) + "\"");
   control(out, kSepToken);
 }
 
-void close_tag(std::vector<ChatSegment>& out, std::string_view tag) {
+void close_tag(Segments& out, std::string_view tag) {
   control(out, kCloseToken);
   text(out, std::string(tag));
   control(out, kSepToken);
 }
 
-// Python's `not s.strip()`.
-bool is_blank(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const Utf8Step st = utf8_step(s, i);
-    if (!st.ok || !python_isspace(st.codepoint)) return false;
-    i += st.length;
-  }
-  return true;
+void end_message(Segments& out) {
+  close_tag(out, "message");
+  control(out, kEndOfMsgToken);
 }
 
-std::string xtml_type(const nlohmann::ordered_json& v) {
+void internal_system_message(Segments& out, std::string_view type, std::string_view body) {
+  open_tag(out, "message", {{"role", "system"}, {"type", std::string(type)}});
+  text(out, std::string(python_strip(body)));
+  end_message(out);
+}
+
+void render_tool_declare(Segments& out, const Json& tools, bool dynamic) {
+  open_tag(out, "message", {{"role", "system"}, {"type", "tool-declare"}});
+  std::string body = dynamic ? "## New Tools Available\nThe system dynamically extends the toolset "
+                               "via lazy-loading.\nYou have access to all existing and extended "
+                               "tools.\nHere are the specs for the extended tools.\n\n```json\n"
+                             : "# Tools\nHere are the available tools, described in "
+                               "JSONSchema.\n\n```json\n";
+  body += json_sorted(tools);
+  body += "\n```";
+  text(out, std::move(body));
+  end_message(out);
+}
+
+void render_content(Segments& out, const ChatMessage& m) {
+  if (m.content_parts.empty()) {
+    text(out, m.content);
+    return;
+  }
+  for (const std::string& part : m.content_parts) text(out, part);
+}
+
+std::string xtml_type(const Json& v) {
   if (v.is_boolean()) return "boolean";
   if (v.is_null()) return "null";
   if (v.is_number()) return "number";
@@ -61,156 +86,199 @@ std::string xtml_type(const nlohmann::ordered_json& v) {
   return "array";
 }
 
-void render_assistant(std::vector<ChatSegment>& out, const ChatMessage& m, bool thinking) {
+void render_assistant(Segments& out, const ChatMessage& m, bool thinking) {
   if (thinking) {
     open_tag(out, "think");
-    if (!is_blank(m.reasoning)) text(out, m.reasoning);
+    if (!python_is_blank(m.reasoning)) text(out, m.reasoning);
     close_tag(out, "think");
   }
   open_tag(out, "response");
-  text(out, m.content);
+  render_content(out, m);
   close_tag(out, "response");
   if (m.tool_calls.empty()) return;
   open_tag(out, "tools");
   for (size_t i = 0; i < m.tool_calls.size(); ++i) {
     const ChatToolCall& call = m.tool_calls[i];
     open_tag(out, "call", {{"tool", call.name}, {"index", std::to_string(i + 1)}});
-    for (const auto& [key, value] : call.arguments.items()) {
-      open_tag(out, "argument", {{"key", key}, {"type", xtml_type(value)}});
-      text(out, value.is_string() ? value.get<std::string>() : python_json_dumps(value));
-      close_tag(out, "argument");
+    if (call.json_block) {
+      open_tag(out, "json", {{"type", "object"}});
+      text(out, *call.json_block);
+      close_tag(out, "json");
+    } else if (call.arguments.is_object()) {
+      for (const auto& [key, value] : call.arguments.items()) {
+        open_tag(out, "argument", {{"key", key}, {"type", xtml_type(value)}});
+        text(out, value.is_string() ? value.get<std::string>() : python_json_dumps(value));
+        close_tag(out, "argument");
+      }
+    } else if (call.arguments.is_string() &&
+               !python_is_blank(call.arguments.get_ref<const std::string&>())) {
+      open_tag(out, "json", {{"type", "object"}});
+      text(out, call.arguments.get<std::string>());
+      close_tag(out, "json");
     }
     close_tag(out, "call");
   }
   close_tag(out, "tools");
 }
 
-}  // namespace
-
-std::string python_json_dumps(const nlohmann::ordered_json& v) {
-  if (v.is_array()) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + python_json_dumps(v[i]);
-    return s + "]";
-  }
-  if (v.is_object()) {
-    std::string s = "{";
-    bool first = true;
-    for (const auto& [k, x] : v.items()) {
-      s += (first ? "" : ", ") + python_json_dumps(k) + ": " + python_json_dumps(x);
-      first = false;
-    }
-    return s + "}";
-  }
-  return v.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
-namespace {
-
-// A message in rendering order, with the tool name its call assigns (encoding_k3.py,
-// normalize_xtml_tool_result_messages).
-struct Ordered {
-  const ChatMessage* message;
-  size_t index;               // position in the caller's list, for errors
-  std::string tool_override;  // non-empty: the name of the call this tool message answers
+// The template's `state`: the latest assistant message's calls and the tool-result counter.
+struct ToolState {
+  const std::vector<ChatToolCall>* calls = nullptr;
+  size_t tool_index = 0;
 };
 
-std::vector<Ordered> order_tool_results(std::span<const ChatMessage> messages) {
-  std::vector<Ordered> out;
-  std::vector<std::pair<std::string, size_t>> call_index;  // call id -> 1-based position
-  const std::vector<ChatToolCall>* calls = nullptr;
-  for (size_t i = 0; i < messages.size();) {
-    const ChatMessage& m = messages[i];
-    if (m.role != ChatRole::kTool) {
-      if (m.role == ChatRole::kAssistant) {
-        calls = &m.tool_calls;
-        call_index.clear();
-        for (size_t c = 0; c < m.tool_calls.size(); ++c) {
-          const std::string& id = m.tool_calls[c].id;
-          if (id.empty()) continue;
-          bool seen = false;
-          for (const auto& e : call_index) seen = seen || e.first == id;
-          if (!seen) call_index.push_back({id, c + 1});  // the first call with an id wins
-        }
-      }
-      out.push_back({&m, i, ""});
-      ++i;
-      continue;
-    }
-    // A run of tool messages: put in call order only if every one resolves to a call.
-    std::vector<std::pair<size_t, Ordered>> run;
-    bool unresolved = false;
-    for (; i < messages.size() && messages[i].role == ChatRole::kTool; ++i) {
-      size_t position = 0;
-      for (const auto& e : call_index)
-        if (!messages[i].tool_call_id.empty() && e.first == messages[i].tool_call_id)
-          position = e.second;
-      if (position == 0) unresolved = true;
-      const std::string name = position > 0 ? (*calls)[position - 1].name : "";
-      run.push_back({position, {&messages[i], i, name}});
-    }
-    if (!unresolved)
-      std::stable_sort(run.begin(), run.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-    // Unresolved runs keep their order, but resolved members still take their calls' names.
-    for (auto& entry : run) out.push_back(std::move(entry.second));
+Status render_tool_message(Segments& out, const ChatMessage& m, size_t mi, ToolState& state,
+                           const std::string* resolved_name) {
+  ++state.tool_index;
+  std::string name = resolved_name ? *resolved_name : m.tool;
+  if (name.empty() && state.calls && state.tool_index <= state.calls->size())
+    name = (*state.calls)[state.tool_index - 1].name;
+  if (name.empty())
+    return Status(ErrorCode::kInvalidValue,
+                  "messages[" + std::to_string(mi) +
+                      "]: tool message has no tool name: give \"name\", a \"tool_call_id\" "
+                      "matching a call of the preceding assistant message, or answer that "
+                      "message's calls in order (it has " +
+                      std::to_string(state.calls ? state.calls->size() : 0) +
+                      " calls; this is tool result " + std::to_string(state.tool_index) + ")");
+  open_tag(out, "message",
+           {{"role", "tool"}, {"tool", name}, {"index", std::to_string(state.tool_index)}});
+  render_content(out, m);
+  end_message(out);
+  return Status::ok();
+}
+
+// A run of consecutive tool messages [first, last): in call order, named by the calls, when
+// every one carries an id matching a call; otherwise in order.
+Status render_tool_run(Segments& out, std::span<const ChatMessage> messages, size_t first,
+                       size_t last, ToolState& state) {
+  const auto matches = [&](const ChatMessage& m) {
+    if (m.tool_call_id.empty() || !state.calls) return false;
+    return std::any_of(state.calls->begin(), state.calls->end(),
+                       [&](const ChatToolCall& c) { return c.id == m.tool_call_id; });
+  };
+  bool resolved = true;
+  for (size_t i = first; i < last; ++i) resolved = resolved && matches(messages[i]);
+  if (!resolved) {
+    for (size_t i = first; i < last; ++i)
+      ATTNRES_RETURN_IF_ERROR(render_tool_message(out, messages[i], i, state, nullptr));
+    return Status::ok();
   }
-  return out;
+  std::vector<std::string> emitted;
+  // The calls are read through a copy of the pointer: rendering does not change them.
+  const std::vector<ChatToolCall>& calls = *state.calls;
+  for (const ChatToolCall& call : calls) {
+    if (call.id.empty() || std::find(emitted.begin(), emitted.end(), call.id) != emitted.end())
+      continue;
+    emitted.push_back(call.id);
+    for (size_t i = first; i < last; ++i)
+      if (messages[i].tool_call_id == call.id)
+        ATTNRES_RETURN_IF_ERROR(render_tool_message(out, messages[i], i, state, &call.name));
+  }
+  return Status::ok();
+}
+
+const char* effort_list() {
+  return "low, high, max";
+}
+bool known_effort(std::string_view e) {
+  return e == "low" || e == "high" || e == "max";
 }
 
 }  // namespace
 
-Result<std::vector<ChatSegment>> render_chat(std::span<const ChatMessage> messages,
-                                             const ChatOptions& options) {
-  std::vector<ChatSegment> out;
-  const std::vector<ChatToolCall>* prior_calls = nullptr;
-  size_t tool_index = 0;
-  for (const Ordered& o : order_tool_results(messages)) {
-    const ChatMessage& m = *o.message;
-    const size_t mi = o.index;
+Result<std::vector<ChatSegment>> render_chat_template(std::span<const ChatMessage> messages,
+                                                      const ChatTemplateOptions& o) {
+  Segments out;
+  if (o.thinking && o.thinking_effort && !known_effort(*o.thinking_effort))
+    return Status(ErrorCode::kInvalidValue, "thinking_effort: unsupported value \"" +
+                                                *o.thinking_effort +
+                                                "\" (supported: " + effort_list() + ")");
+  if (o.tools.is_array() && !o.tools.empty()) render_tool_declare(out, o.tools, false);
+  if (o.thinking && o.thinking_effort)
+    internal_system_message(
+        out, "thinking-effort",
+        "`thinking_effort` guides on how much to think in your thinking channel (not including "
+        "the response channel), supported values include `low`, `medium`, `high`, and "
+        "`max`.\nNow the system is invoked with `thinking_effort=" +
+            *o.thinking_effort + "`.");
+  ToolState state;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
     switch (m.role) {
       case ChatRole::kSystem:
+        if (m.tools.is_array() && !m.tools.empty()) {
+          render_tool_declare(out, m.tools, true);
+          break;
+        }
+        [[fallthrough]];
       case ChatRole::kUser: {
         Attrs attrs = {{"role", m.role == ChatRole::kSystem ? "system" : "user"}};
         if (!m.name.empty()) attrs.push_back({"name", m.name});
         open_tag(out, "message", attrs);
-        text(out, m.content);
+        render_content(out, m);
+        end_message(out);
         break;
       }
-      case ChatRole::kAssistant:
-        prior_calls = &m.tool_calls;
-        tool_index = 0;
-        open_tag(out, "message", {{"role", "assistant"}});
-        render_assistant(out, m, options.thinking);
+      case ChatRole::kAssistant: {
+        state.calls = &m.tool_calls;
+        state.tool_index = 0;
+        Attrs attrs = {{"role", "assistant"}};
+        if (!m.name.empty()) attrs.push_back({"name", m.name});
+        open_tag(out, "message", attrs);
+        render_assistant(out, m, o.thinking);
+        end_message(out);
         break;
+      }
       case ChatRole::kTool: {
-        ++tool_index;
-        std::string name = o.tool_override.empty() ? m.tool : o.tool_override;
-        if (name.empty() && prior_calls && tool_index <= prior_calls->size())
-          name = (*prior_calls)[tool_index - 1].name;
-        if (name.empty())
-          return Status(ErrorCode::kInvalidArgument,
-                        "chat message " + std::to_string(mi) +
-                            ": tool message has no tool name and no matching preceding call");
-        open_tag(out, "message",
-                 {{"role", "tool"}, {"tool", name}, {"index", std::to_string(tool_index)}});
-        text(out, m.content);
+        if (i > 0 && messages[i - 1].role == ChatRole::kTool) break;  // rendered with its run
+        size_t last = i;
+        while (last < messages.size() && messages[last].role == ChatRole::kTool) ++last;
+        ATTNRES_RETURN_IF_ERROR(render_tool_run(out, messages, i, last, state));
         break;
       }
     }
-    close_tag(out, "message");
-    control(out, kEndOfMsgToken);
   }
-  if (options.add_generation_prompt) {
+  if (o.tool_choice == ChatToolChoice::kRequired)
+    internal_system_message(out, "tool-choice",
+                            "The system is invoked with `tool_choice=required`.\nYou MUST call "
+                            "tools in the next message.");
+  else if (o.tool_choice == ChatToolChoice::kNone)
+    internal_system_message(out, "tool-choice",
+                            "The system is invoked with `tool_choice=none`.\nYou MUST NOT call "
+                            "any tools in the next message.");
+  static constexpr std::string_view kRawJson =
+      "\nYour response must be raw JSON data without markdown code blocks (```json) or any "
+      "additional formatting.";
+  if (o.response_format == ChatResponseFormat::kJsonObject) {
+    internal_system_message(
+        out, "response-format",
+        "The system is invoked with `response_format=json_object`." + std::string(kRawJson));
+  } else if (o.response_format == ChatResponseFormat::kJsonSchema) {
+    internal_system_message(out, "response-format",
+                            "The system is invoked with `response_format=json_schema`." +
+                                std::string(kRawJson) +
+                                "\nThe JSON data must match the following schema:\n```json\n" +
+                                json_sorted(o.response_schema) + "\n```");
+  }
+  if (o.add_generation_prompt) {
     open_tag(out, "message", {{"role", "assistant"}});
-    open_tag(out, options.thinking ? "think" : "response");
+    open_tag(out, o.thinking ? "think" : "response");
   }
   return out;
 }
 
-Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
-                                         std::span<const ChatMessage> messages,
-                                         const ChatOptions& options) {
+std::string chat_segments_text(std::span<const ChatSegment> segments) {
+  size_t n = 0;
+  for (const ChatSegment& s : segments) n += s.text.size();
+  std::string out;
+  out.reserve(n);
+  for (const ChatSegment& s : segments) out += s.text;
+  return out;
+}
+
+Result<std::vector<TokenId>> encode_chat_segments(const Tokenizer& tokenizer,
+                                                  std::span<const ChatSegment> segments) {
   for (std::string_view name : {kOpenToken, kCloseToken, kSepToken, kEndOfMsgToken}) {
     if (tokenizer.special_id(name) < 0)
       return Status(ErrorCode::kMissingField,
@@ -218,89 +286,30 @@ Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
                         std::string(name) + ", which " + tokenizer.control_token_source() +
                         " does not define");
   }
-  ATTNRES_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, render_chat(messages, options));
   std::vector<TokenId> ids;
   for (const ChatSegment& s : segments)
     ATTNRES_RETURN_IF_ERROR(tokenizer.encode_into(s.text, s.control, ids));
   return ids;
 }
 
-Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& j) {
-  if (!j.is_array())
-    return Status(ErrorCode::kWrongType, "chat messages: expected a JSON array of messages");
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < j.size(); ++i) {
-    const auto& m = j[i];
-    const std::string where = "chat message " + std::to_string(i);
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      return Status(ErrorCode::kMissingField, where + ": expected an object with a \"role\"");
-    auto str = [&](const char* key, std::string& dst) -> Status {
-      if (!m.contains(key) || m[key].is_null()) return Status::ok();
-      if (!m[key].is_string())
-        return Status(ErrorCode::kWrongType, where + ": \"" + key + "\" must be a string");
-      dst = m[key].get<std::string>();
-      return Status::ok();
-    };
-    ChatMessage msg;
-    const std::string role = m["role"];
-    if (role == "system") {
-      msg.role = ChatRole::kSystem;
-    } else if (role == "user") {
-      msg.role = ChatRole::kUser;
-    } else if (role == "assistant") {
-      msg.role = ChatRole::kAssistant;
-    } else if (role == "tool") {
-      msg.role = ChatRole::kTool;
-    } else {
-      return Status(ErrorCode::kInvalidValue, where + ": unknown role \"" + role +
-                                                  "\" (expected system, user, assistant, tool)");
-    }
-    ATTNRES_RETURN_IF_ERROR(str("content", msg.content));
-    // `reasoning_content or reasoning` (encoding_k3.py): an empty reasoning_content falls back.
-    std::string reasoning_content;
-    ATTNRES_RETURN_IF_ERROR(str("reasoning", msg.reasoning));
-    ATTNRES_RETURN_IF_ERROR(str("reasoning_content", reasoning_content));
-    if (!reasoning_content.empty()) msg.reasoning = std::move(reasoning_content);
-    // A tool message's "name" is its tool; "tool" takes precedence (encoding_k3.py).
-    ATTNRES_RETURN_IF_ERROR(str("name", msg.role == ChatRole::kTool ? msg.tool : msg.name));
-    ATTNRES_RETURN_IF_ERROR(str("tool", msg.tool));
-    if (msg.role == ChatRole::kTool) {
-      ATTNRES_RETURN_IF_ERROR(str("id", msg.tool_call_id));
-      ATTNRES_RETURN_IF_ERROR(str("tool_call_id", msg.tool_call_id));
-    }
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      if (!m["tool_calls"].is_array())
-        return Status(ErrorCode::kWrongType, where + ": \"tool_calls\" must be an array");
-      for (size_t c = 0; c < m["tool_calls"].size(); ++c) {
-        const auto& call = m["tool_calls"][c];
-        const auto& fn = call.contains("function") ? call["function"] : call;
-        const std::string cw = where + " tool_calls[" + std::to_string(c) + "]";
-        if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
-          return Status(ErrorCode::kMissingField, cw + ": missing function \"name\"");
-        ChatToolCall tc;
-        tc.name = fn["name"];
-        if (call.contains("id") && !call["id"].is_null()) {
-          const auto& id = call["id"];
-          tc.id = id.is_string() ? id.get<std::string>() : id.dump();
-        }
-        if (fn.contains("arguments") && !fn["arguments"].is_null()) {
-          nlohmann::ordered_json args = fn["arguments"];
-          if (args.is_string()) {
-            const std::string s = args.get<std::string>();
-            args = s.find_first_not_of(" \t\r\n") == std::string::npos
-                       ? nlohmann::ordered_json::object()
-                       : nlohmann::ordered_json::parse(s, nullptr, false);
-          }
-          if (!args.is_object())
-            return Status(ErrorCode::kWrongType, cw + ": arguments must be a JSON object");
-          tc.arguments = std::move(args);
-        }
-        msg.tool_calls.push_back(std::move(tc));
-      }
-    }
-    out.push_back(std::move(msg));
-  }
-  return out;
+Result<std::vector<ChatSegment>> render_chat(std::span<const ChatMessage> messages,
+                                             const ChatOptions& options) {
+  ChatTemplateOptions o;
+  o.thinking = options.thinking;
+  o.thinking_effort.reset();
+  o.add_generation_prompt = options.add_generation_prompt;
+  return render_chat_template(messages, o);
+}
+
+Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
+                                         std::span<const ChatMessage> messages,
+                                         const ChatOptions& options) {
+  ATTNRES_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, render_chat(messages, options));
+  return encode_chat_segments(tokenizer, segments);
+}
+
+Result<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages) {
+  return parse_chat_messages(messages, {});
 }
 
 }  // namespace attnres

@@ -173,7 +173,7 @@ TEST(ChatFormat, ErrorsAreNamed) {
   const std::vector<ChatMessage> orphan = {chat_message(ChatRole::kTool, "42")};
   auto r = render_chat(orphan, {});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("chat message 0"), std::string::npos);
+  EXPECT_NE(r.status().message().find("messages[0]"), std::string::npos);
   auto bad_role = chat_messages_from_json(nlohmann::ordered_json::parse(R"([{"role": "robot"}])"));
   ASSERT_FALSE(bad_role.is_ok());
   EXPECT_NE(bad_role.status().message().find("unknown role \"robot\""), std::string::npos);

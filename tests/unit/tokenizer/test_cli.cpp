@@ -94,7 +94,7 @@ TEST_F(Cli, ChatFileMatchesReferenceIds) {
   CliRun bad =
       run("tokenize --tokenizer " + kFix + "/synthetic --chat " + (dir / "bad.json").string());
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.out.find("bad.json: chat message 0: unknown role \"robot\""), std::string::npos)
+  EXPECT_NE(bad.out.find("bad.json: messages[0].role: unknown role \"robot\""), std::string::npos)
       << bad.out;
   fs::remove_all(dir);
 }
