@@ -103,16 +103,16 @@ struct EngineOptions {
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int64_t max_new_tokens = -1;   // -1: up to the context
-  bool strict_context = false;   // prompt + max_new_tokens must fit the context (else refused)
-  bool ignore_eos = false;       // generate through the model's stop tokens
-  std::vector<int32_t> stop_tokens;        // besides the model's
-  std::vector<std::string> stop_strings;   // text that ends the generation (not shown)
+  int64_t max_new_tokens = -1;       // -1: up to the context
+  bool strict_context = false;       // prompt + max_new_tokens must fit the context (else refused)
+  bool ignore_eos = false;           // generate through the model's stop tokens
+  std::vector<int32_t> stop_tokens;  // besides the model's
+  std::vector<std::string> stop_strings;              // text that ends the generation (not shown)
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
-  int top_logprobs = -1;         // -1: none; 0..20: the chosen token's logprob and the top n
-  bool keep_logits = false;      // every prompt row's and every sampled row's logits
-  bool use_prefix_cache = true;  // restore from / add to the prefix store
-  bool snapshot_at_end = false;  // also store the state after the last token (chat turns)
+  int top_logprobs = -1;               // -1: none; 0..20: the chosen token's logprob and the top n
+  bool keep_logits = false;            // GenerationResult::prompt_logits and token_logits
+  bool use_prefix_cache = true;        // restore from / add to the prefix store
+  bool snapshot_at_end = false;        // also store the state after the last token (chat turns)
   std::vector<int32_t> forced_tokens;  // needs EngineOptions::allow_forced_tokens
 };
 
@@ -123,9 +123,9 @@ struct TokenLogprob {
 
 struct TokenEvent {
   int32_t token = 0;
-  std::string text;  // what may be shown now (complete UTF-8; stop strings held back)
-  float logprob = 0;                // when requested: log softmax of the raw logits
-  std::vector<TokenLogprob> top;    // top_logprobs entries, most likely first
+  std::string text;               // what may be shown now (complete UTF-8; stop strings held back)
+  float logprob = 0;              // when requested: log softmax of the raw logits
+  std::vector<TokenLogprob> top;  // top_logprobs entries, most likely first
 };
 
 enum class FinishReason { kStopToken, kStopString, kLength, kContext, kCancelled, kError };
@@ -135,14 +135,17 @@ struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids (a stop token that ended it included)
   std::string text;             // everything shown
   FinishReason reason = FinishReason::kLength;
-  std::string stop_string;      // the stop string that matched
-  Status error;                 // with kError
+  std::string stop_string;  // the stop string that matched
+  Status error;             // with kError
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;    // restored from the prefix store
-  double queue_seconds = 0;     // submit to admission
-  double ttft_seconds = 0;      // submit to the first token
-  double decode_seconds = 0;    // first token to the last
-  std::vector<float> logits;    // keep_logits: [prompt rows + sampled rows, V]
+  int64_t cached_tokens = 0;  // restored from the prefix store
+  double queue_seconds = 0;   // submit to admission
+  double ttft_seconds = 0;    // submit to the first token
+  double decode_seconds = 0;  // first token to the last
+  // keep_logits: the logits of every prompt position the engine computed (positions
+  // cached_tokens .. prompt_tokens - 1), [rows, V], and the row each generated token was chosen
+  // from, [tokens, V] (row 0: the one after the prompt).
+  std::vector<float> prompt_logits, token_logits;
 };
 
 struct GenerationCallbacks {
@@ -158,9 +161,9 @@ struct EngineStats {
   int64_t submitted = 0, rejected = 0, finished = 0, cancelled = 0, failed = 0;
   int64_t prompt_tokens = 0, prefilled_tokens = 0, generated_tokens = 0;
   int64_t steps = 0;
-  double step_seconds = 0;          // forward passes and sampling
-  double forward_seconds = 0;       // forward passes alone
-  double attnres_read_seconds = 0;  // AttnRes reads inside them
+  double step_seconds = 0;                      // forward passes and sampling
+  double forward_seconds = 0;                   // forward passes alone
+  double attnres_read_seconds = 0;              // AttnRes reads inside them
   double dense_seconds = 0, mxfp4_seconds = 0;  // projection batches (ProjectionStats)
   int64_t dense_bytes = 0, mxfp4_bytes = 0;
   int64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_matched = 0,

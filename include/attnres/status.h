@@ -15,24 +15,24 @@ namespace attnres {
 // Error classes. Tests assert the class, so each malformed-input kind maps to exactly one code.
 enum class ErrorCode {
   kOk = 0,
-  kIoError,            // open/stat/mmap/read failed
-  kTruncated,          // file shorter than its header says
-  kBadHeader,          // safetensors header length or framing is not sane
-  kBadJson,            // JSON not well-formed
-  kUnknownDtype,       // dtype string not known
-  kSizeMismatch,       // shape x dtype size != byte range
-  kOutOfRange,         // byte range outside the file's data section
-  kOverlap,            // two tensors' byte ranges overlap
-  kMissingTensor,      // a tensor the model needs is absent
-  kShapeMismatch,      // a tensor's shape disagrees with the config
-  kDtypeMismatch,      // a tensor's dtype disagrees with what the model needs
-  kMissingField,       // a config field is missing
-  kWrongType,          // a config field has the wrong JSON type
-  kInvalidValue,       // a value is out of its legal range
-  kInconsistent,       // values disagree with each other (e.g. layer lists)
-  kUnsupported,        // well-formed but not supported by this engine
-  kInvalidArgument,    // bad command-line or API argument
-  kHazard,             // a storage plan would overwrite a live value
+  kIoError,                // open/stat/mmap/read failed
+  kTruncated,              // file shorter than its header says
+  kBadHeader,              // safetensors header length or framing is not sane
+  kBadJson,                // JSON not well-formed
+  kUnknownDtype,           // dtype string not known
+  kSizeMismatch,           // shape x dtype size != byte range
+  kOutOfRange,             // byte range outside the file's data section
+  kOverlap,                // two tensors' byte ranges overlap
+  kMissingTensor,          // a tensor the model needs is absent
+  kShapeMismatch,          // a tensor's shape disagrees with the config
+  kDtypeMismatch,          // a tensor's dtype disagrees with what the model needs
+  kMissingField,           // a config field is missing
+  kWrongType,              // a config field has the wrong JSON type
+  kInvalidValue,           // a value is out of its legal range
+  kInconsistent,           // values disagree with each other (e.g. layer lists)
+  kUnsupported,            // well-formed but not supported by this engine
+  kInvalidArgument,        // bad command-line or API argument
+  kHazard,                 // a storage plan would overwrite a live value
   kResourceExhausted,      // a memory budget or pool has no room for the request
   kUnavailable,            // busy: the request may succeed later (a full queue)
   kContextLengthExceeded,  // the prompt (and what it asks to generate) exceeds the context

@@ -68,12 +68,12 @@ struct Seq {
   GenerationCallbacks cb;
   std::unique_ptr<Generation> gen;
   SequenceState state;
-  int64_t max_new = 0;              // bounded by the context
-  bool context_bound = false;       // max_new was cut to fit the context
-  int64_t reserved = 0;             // bytes held in the kv budget
-  int64_t prompt_done = 0;          // prompt positions absorbed (restored or prefilled)
-  int64_t next_snapshot = 0;        // next prefill position to snapshot at
-  std::optional<int32_t> pending;   // chosen token, fed at the next step
+  int64_t max_new = 0;                 // bounded by the context
+  bool context_bound = false;          // max_new was cut to fit the context
+  int64_t reserved = 0;                // bytes held in the kv budget
+  int64_t prompt_done = 0;             // prompt positions absorbed (restored or prefilled)
+  int64_t next_snapshot = 0;           // next prefill position to snapshot at
+  std::optional<int32_t> pending;      // chosen token, fed at the next step
   std::optional<FinishReason> ending;  // set while the last token is fed for snapshot_at_end
   bool cancel = false;
   GenerationResult result;
@@ -114,8 +114,7 @@ struct Engine::Impl {
   EngineStats stats;
   std::vector<float> logits;  // [logit rows of a step, V]
 
-  Impl(std::shared_ptr<const Model> m, const EngineOptions& o, int64_t context,
-       int64_t kv_budget)
+  Impl(std::shared_ptr<const Model> m, const EngineOptions& o, int64_t context, int64_t kv_budget)
       : model(std::move(m)),
         w(model->weights()),
         opt(o),
@@ -236,23 +235,26 @@ Status Engine::Impl::validate(const GenerationRequest& r, int64_t& max_new,
   ATTNRES_RETURN_IF_ERROR(validate_sampling_params(r.sampling));
   for (const auto& [id, bias] : r.logit_bias)
     if (id < 0 || id >= V || !std::isfinite(bias))
-      return bad("logit_bias: token " + std::to_string(id) + " with bias " +
-                 std::to_string(bias) + ", expected an id in [0, " + std::to_string(V) +
-                 ") and a finite bias");
+      return bad("logit_bias: token " + std::to_string(id) + " with bias " + std::to_string(bias) +
+                 ", expected an id in [0, " + std::to_string(V) + ") and a finite bias");
   for (int32_t id : r.stop_tokens)
-    if (id < 0 || id >= V) return bad("stop token " + std::to_string(id) + " is not in the vocabulary");
+    if (id < 0 || id >= V)
+      return bad("stop token " + std::to_string(id) + " is not in the vocabulary");
   for (int32_t id : r.forced_tokens)
-    if (id < 0 || id >= V) return bad("forced token " + std::to_string(id) + " is not in the vocabulary");
+    if (id < 0 || id >= V)
+      return bad("forced token " + std::to_string(id) + " is not in the vocabulary");
   if (!r.forced_tokens.empty() && !opt.allow_forced_tokens)
     return bad("forced tokens are a test feature this engine was not started with");
-  if (r.top_logprobs > 20) return bad("top_logprobs is " + std::to_string(r.top_logprobs) + ", expected 0..20");
+  if (r.top_logprobs > 20)
+    return bad("top_logprobs is " + std::to_string(r.top_logprobs) + ", expected 0..20");
   if (!r.stop_strings.empty() && model->tokenizer() == nullptr)
     return bad("stop strings need the model's tokenizer, which is not loaded");
   const int64_t need = reservation(std::min(ctx, n + max_new + 1));
   if (live.limit() >= 0 && need > live.limit())
     return Status(ErrorCode::kResourceExhausted,
-                  "the request needs " + std::to_string(need) + " bytes of KV memory (KDA states + " +
-                      "latent cache for " + std::to_string(n + max_new) + " positions) but the " +
+                  "the request needs " + std::to_string(need) +
+                      " bytes of KV memory (KDA states + " + "latent cache for " +
+                      std::to_string(n + max_new) + " positions) but the " +
                       "engine's kv budget is " + std::to_string(live.limit()) + " bytes");
   return Status::ok();
 }
@@ -330,7 +332,7 @@ void Engine::Impl::admit() {
 
 // Restores the deepest stored prefix of the prompt; returns its entry (null: none).
 const PrefixEntry* Engine::Impl::restore_prefix(Seq& s) {
-  if (!prefix || !s.req.use_prefix_cache || s.req.keep_logits) return nullptr;
+  if (!prefix || !s.req.use_prefix_cache) return nullptr;
   const PrefixStore::Match m = prefix->lookup(s.req.prompt);
   if (m.entry == nullptr) return nullptr;
   s.state.restore(m.entry->snapshot);
@@ -436,7 +438,8 @@ void Engine::Impl::after_prefill(Seq& s, const Planned& p) {
   stats.prefilled_tokens += p.rows;
   const int64_t V = w.config.vocab_size, n = s.prompt_len();
   if (s.req.keep_logits)
-    s.result.logits.insert(s.result.logits.end(), row(p, 0), row(p, 0) + p.logit_rows * V);
+    s.result.prompt_logits.insert(s.result.prompt_logits.end(), row(p, 0),
+                                  row(p, 0) + p.logit_rows * V);
   if (s.cb.on_prefill) s.cb.on_prefill(s.prompt_done, n);
   const std::span<const int32_t> done(s.req.prompt.data(), static_cast<size_t>(s.prompt_done));
   if (s.prompt_done < n) {
@@ -461,8 +464,6 @@ void Engine::Impl::after_decode(Seq& s, const Planned& p) {
     finish(s, *s.ending);
     return;
   }
-  if (s.req.keep_logits)
-    s.result.logits.insert(s.result.logits.end(), r, r + w.config.vocab_size);
   choose_next(s, r);
 }
 
@@ -470,6 +471,8 @@ void Engine::Impl::after_decode(Seq& s, const Planned& p) {
 void Engine::Impl::choose_next(Seq& s, const float* logits_row) {
   const auto V = static_cast<size_t>(w.config.vocab_size);
   TokenEvent ev;
+  if (s.req.keep_logits)
+    s.result.token_logits.insert(s.result.token_logits.end(), logits_row, logits_row + V);
   auto token = s.gen->choose(std::span<const float>(logits_row, V), s.where(), ev);
   if (!token.is_ok()) return fail(s, token.status());
   if (Status st = s.gen->accept(*token, ev); !st.is_ok()) return fail(s, st);
@@ -483,7 +486,8 @@ void Engine::Impl::choose_next(Seq& s, const float* logits_row) {
   if (s.cb.on_token) s.cb.on_token(ev);
   const int64_t g = static_cast<int64_t>(s.gen->generated().size());
   if (s.gen->stopped()) return end(s, *s.gen->reason());
-  if (g >= s.max_new) return end(s, s.context_bound ? FinishReason::kContext : FinishReason::kLength);
+  if (g >= s.max_new)
+    return end(s, s.context_bound ? FinishReason::kContext : FinishReason::kLength);
   s.pending = *token;
 }
 

@@ -30,7 +30,8 @@ class Generation {
 
   // The next token from logits [V] (the row after the last absorbed token); fills event.token
   // and, when asked, its logprobs. Non-finite logits are an error naming `where`.
-  Result<int32_t> choose(std::span<const float> logits, const std::string& where, TokenEvent& event);
+  Result<int32_t> choose(std::span<const float> logits, const std::string& where,
+                         TokenEvent& event);
   // Records the chosen token: history, output text (event.text), stop conditions.
   Status accept(int32_t token, TokenEvent& event);
   // The text held back at the end (a partial stop string that never completed, an incomplete
@@ -50,7 +51,7 @@ class Generation {
   std::unique_ptr<TokenStreamer> streamer_;  // null without a tokenizer (then no text)
   std::vector<int32_t> history_;             // prompt + generated (the penalties' history)
   std::vector<int32_t> generated_;
-  std::vector<float> biased_;                // [V] logits + logit_bias
+  std::vector<float> biased_;  // [V] logits + logit_bias
   std::optional<FinishReason> reason_;
   std::string stop_string_;
 };

@@ -76,9 +76,11 @@ Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
   info.weight_bytes = bound;
   info.has_tokenizer = m->impl_->tokenizer != nullptr;
   if (const Tokenizer* t = m->impl_->tokenizer.get()) {
-    if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0) info.stop_tokens.push_back(eom);
+    if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0)
+      info.stop_tokens.push_back(eom);
   }
-  if (w.config.eos_token_id) info.stop_tokens.push_back(static_cast<int32_t>(*w.config.eos_token_id));
+  if (w.config.eos_token_id)
+    info.stop_tokens.push_back(static_cast<int32_t>(*w.config.eos_token_id));
   return std::shared_ptr<const Model>(std::move(m));
 }
 
