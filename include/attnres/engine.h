@@ -35,6 +35,13 @@
 
 namespace attnres {
 
+// The physical cores this process may run on (its CPU affinity, one per core whatever its SMT
+// siblings), at least 1: the default thread count.
+int default_thread_count();
+// Threads every kernel uses from now on (results never depend on it).
+void set_thread_count(int threads);
+int thread_count();
+
 struct ModelWeights;  // internal (src/io/weights.h)
 class Tokenizer;      // internal (src/tokenizer/tokenizer.h)
 
@@ -56,6 +63,7 @@ struct ModelInfo {
   int64_t tensors_bound = 0;
   int64_t weight_bytes = 0;  // bytes of every bound tensor
   bool has_tokenizer = false;
+  int32_t eos_token = -1;            // the config's eos_token_id, -1 if none
   std::vector<int32_t> stop_tokens;  // <|end_of_msg|> and the config's eos, when present
 };
 

@@ -102,6 +102,7 @@ struct Engine::Impl {
   EngineOptions opt;
   ForwardOptions fwd;
   int64_t ctx = 0, interval = 0;
+  std::string ctx_source;  // where the context length comes from, for messages
   MemoryBudget live, physical;
   KvPool pool;
   std::unique_ptr<PlannedForward> forward;
@@ -178,6 +179,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
   const int64_t kv_budget = o.kv_budget >= 0 ? o.kv_budget : per_seq * o.max_sequences;
   auto impl = std::make_unique<Impl>(std::move(model), o, context, kv_budget);
   Impl& m = *impl;
+  m.ctx_source =
+      o.context_length > 0 ? "the engine's context length" : c.source + " max_position_embeddings";
   m.fwd.act = o.activation == ActivationType::kF32 ? ActDType::kF32 : ActDType::kBF16;
   m.fwd.kv = cache_dtype(o);
   m.fwd.kda_chunk = o.kda_chunk;
@@ -221,7 +224,7 @@ Status Engine::Impl::validate(const GenerationRequest& r, int64_t& max_new,
   if (n >= ctx)
     return Status(ErrorCode::kContextLengthExceeded,
                   "prompt of " + std::to_string(n) + " tokens leaves no room to generate in the " +
-                      "context of " + std::to_string(ctx) + " tokens");
+                      "context of " + std::to_string(ctx) + " tokens (" + ctx_source + ")");
   if (r.max_new_tokens == 0 || r.max_new_tokens < -1)
     return bad("max_new_tokens is " + std::to_string(r.max_new_tokens) +
                ", expected >= 1 (or -1: up to the context)");
@@ -229,7 +232,7 @@ Status Engine::Impl::validate(const GenerationRequest& r, int64_t& max_new,
     return Status(ErrorCode::kContextLengthExceeded,
                   "prompt of " + std::to_string(n) + " tokens + max_new_tokens " +
                       std::to_string(r.max_new_tokens) + " exceeds the context of " +
-                      std::to_string(ctx) + " tokens");
+                      std::to_string(ctx) + " tokens (" + ctx_source + ")");
   context_bound = r.max_new_tokens < 0 || r.max_new_tokens > ctx - n;
   max_new = context_bound ? ctx - n : r.max_new_tokens;
   ATTNRES_RETURN_IF_ERROR(validate_sampling_params(r.sampling));
@@ -388,6 +391,10 @@ Status Engine::step() {
   m.stats.forward_seconds += seconds(f0, Clock::now());
   m.stats.attnres_read_seconds += m.forward->executor().read_seconds() - read0;
   ++m.stats.steps;
+  m.stats.dense_seconds = m.proj.dense_seconds;
+  m.stats.mxfp4_seconds = m.proj.mxfp4_seconds;
+  m.stats.dense_bytes = m.proj.dense_bytes;
+  m.stats.mxfp4_bytes = m.proj.mxfp4_bytes;
   for (const Planned& p : plan) {
     if (!st.is_ok())
       m.fail(*p.seq, st);
@@ -397,10 +404,6 @@ Status Engine::step() {
       m.after_decode(*p.seq, p);
   }
   m.reap();
-  m.stats.dense_seconds = m.proj.dense_seconds;
-  m.stats.mxfp4_seconds = m.proj.mxfp4_seconds;
-  m.stats.dense_bytes = m.proj.dense_bytes;
-  m.stats.mxfp4_bytes = m.proj.mxfp4_bytes;
   m.stats.kv_reserved_bytes = m.live.used();
   m.stats.kv_pages_in_use = m.pool.pages_in_use();
   if (m.prefix) {

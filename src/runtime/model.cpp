@@ -79,8 +79,10 @@ Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
     if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0)
       info.stop_tokens.push_back(eom);
   }
-  if (w.config.eos_token_id)
-    info.stop_tokens.push_back(static_cast<int32_t>(*w.config.eos_token_id));
+  if (w.config.eos_token_id) {
+    info.eos_token = static_cast<int32_t>(*w.config.eos_token_id);
+    info.stop_tokens.push_back(info.eos_token);
+  }
   return std::shared_ptr<const Model>(std::move(m));
 }
 

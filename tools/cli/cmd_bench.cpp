@@ -1,99 +1,48 @@
 // attnres bench: end-to-end prefill and decode speed on a model directory, measured against
-// this machine's own limit (a STREAM-style read probe run in the same invocation).
-//   bench --model DIR [--prompt-tokens 256] [--gen-tokens 512] [--threads N] [--reps 3]
-//         [--dtype bf16|f32] [--json]
-// Each repetition starts a fresh session, prefills a deterministic prompt, then decodes
-// --gen-tokens greedy tokens (eos ignored). Reported: prefill and decode tokens/s (median of
-// the repetitions, with min and max), bytes touched per decoded token (weights read once per
-// token: every dense projection, the router, the shared experts and the top-k routed experts
-// of each MoE layer, lm_head and one embedding row; plus the recurrent-state and latent-cache
-// traffic averaged over the decode), the achieved GB/s and its fraction of the probe's read
-// bandwidth, the share of decode time spent in AttnRes reads (timed inside the executor),
-// the shares of decode time spent in dense and MXFP4 projection batches with the GB/s each
-// streams (Session::projection_stats), and peak resident memory.
+// this machine's own limit (a STREAM-style read probe run in the same invocation), through the
+// batched engine.
+//   bench --model DIR [--prompt-tokens 256] [--gen-tokens N] [--threads N] [--reps 3]
+//         [--dtype bf16|f32] [--concurrency 1,2,4,8,16] [--json]
+// Without --concurrency: each repetition starts a fresh engine, prefills a deterministic prompt,
+// then decodes --gen-tokens (default 512) greedy tokens (eos ignored). Reported: prefill and
+// decode tokens/s (median of the repetitions, with min and max), bytes touched per decoded token
+// (weights read once per token: every dense projection, the router, the shared experts and the
+// top-k routed experts of each MoE layer, lm_head and one embedding row; plus the
+// recurrent-state and latent-cache traffic averaged over the decode), the achieved GB/s and its
+// fraction of the probe's read bandwidth, the share of decode time spent in AttnRes reads, the
+// shares of decode time spent in dense and MXFP4 projection batches with the GB/s each streams,
+// and peak resident memory.
+// With --concurrency: for each N, N sequences with distinct prompts (--prompt-tokens, and
+// --gen-tokens default 128) run together; measured while all N decode (from the last first
+// token to the first finish): aggregate and per-sequence decode tok/s, the median time to first
+// token, weight bytes read per step (dense and MXFP4 apart: the union of the routed experts
+// grows with N) and the fraction of the bandwidth roofline for that step's bytes.
 #include <sys/resource.h>
 
-#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "attnres/bench.h"
 #include "command.h"
-#include "io/weights.h"
-#include "kernels/stream_probe.h"
-#include "runtime/session.h"
+#include "frontend.h"
 
 namespace attnres::cli {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct BenchArgs {
-  std::string model;
+  ModelArgs model;
   int64_t prompt_tokens = 256;
-  int64_t gen_tokens = 512;
-  int threads = 0;
+  int64_t gen_tokens = 0;  // 0: 512, or 128 with --concurrency
   int reps = 3;
-  std::string dtype = "bf16";
+  std::string concurrency;
   bool json = false;
 };
-
-int64_t view_bytes(const TensorView& t) {
-  return static_cast<int64_t>(t.nbytes);
-}
-int64_t matrix_bytes(const ExpertMatrix& m) {
-  return m.mxfp4 ? view_bytes(m.packed) + view_bytes(m.scale) : view_bytes(m.dense);
-}
-
-// Weight bytes one decoded token reads (see the file comment).
-int64_t weight_bytes_per_token(const ModelWeights& w) {
-  const ModelConfig& c = w.config;
-  int64_t b = view_bytes(w.lm_head) + view_bytes(w.final_norm);
-  b += c.hidden_size * static_cast<int64_t>(dtype_size(w.embed.dtype));  // one embedding row
-  b += static_cast<int64_t>(w.out_res_query.size() * sizeof(float));
-  for (const LayerWeights& l : w.layers) {
-    b += view_bytes(l.input_norm) + view_bytes(l.post_attn_norm);
-    b += static_cast<int64_t>((l.attn_res_query.size() + l.mlp_res_query.size()) * sizeof(float));
-    if (l.kda) {
-      const KdaWeights& k = *l.kda;
-      for (const TensorView* t : {&k.q_proj, &k.k_proj, &k.v_proj, &k.q_conv, &k.k_conv, &k.v_conv,
-                                  &k.f_a_proj, &k.f_b_proj, &k.b_proj, &k.g_proj, &k.g_a_proj,
-                                  &k.g_b_proj, &k.dt_bias, &k.o_norm, &k.o_proj})
-        b += view_bytes(*t);
-    }
-    if (l.mla) {
-      const MlaWeights& m = *l.mla;
-      for (const TensorView* t : {&m.q_a_proj, &m.q_a_norm, &m.q_b_proj, &m.q_proj, &m.kv_a_proj,
-                                  &m.kv_a_norm, &m.kv_b_proj, &m.g_proj, &m.o_proj})
-        b += view_bytes(*t);
-    }
-    if (l.dense)
-      b += view_bytes(l.dense->gate) + view_bytes(l.dense->up) + view_bytes(l.dense->down);
-    if (l.moe) {
-      const MoeWeights& m = *l.moe;
-      for (const TensorView* t : {&m.gate, &m.gate_bias, &m.shared_gate, &m.shared_up,
-                                  &m.shared_down, &m.latent_down, &m.latent_norm, &m.latent_up})
-        b += view_bytes(*t);
-      if (!m.experts.empty()) {
-        const ExpertWeights& e = m.experts.front();  // all experts have the same size
-        b += c.num_experts_per_token *
-             (matrix_bytes(e.w1) + matrix_bytes(e.w2) + matrix_bytes(e.w3));
-      }
-    }
-  }
-  return b;
-}
-
-// Recurrent-state and latent-cache bytes one decoded token reads and writes at context length
-// `ctx`: each KDA layer reads and writes its fp32 state [H, dk, dv] and conv state; each MLA
-// layer reads ctx cached latents [kv_lora + rope] and appends one.
-int64_t state_bytes_per_token(const ModelConfig& c, int64_t ctx, int64_t cache_elem_bytes) {
-  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim;
-  const int64_t kda_state =
-      H * dk * dk * 4 + 3 * H * dk * (c.linear.short_conv_kernel_size - 1) * 4;
-  const int64_t mla_row = (c.kv_lora_rank + c.qk_rope_head_dim) * cache_elem_bytes;
-  return c.schedule.num_kda * 2 * kda_state + c.schedule.num_mla * (ctx + 1) * mla_row;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -101,129 +50,146 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int run_bench(const BenchArgs& a) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
-  if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1)
-    return fail("bench: --prompt-tokens, --gen-tokens and --reps must be >= 1");
-  if (a.dtype != "bf16" && a.dtype != "f32")
-    return fail("bench: --dtype is '" + a.dtype + "', expected bf16 or f32");
-  const auto t_load = std::chrono::steady_clock::now();
-  auto weights = load_model(a.model);
-  if (!weights) return fail(weights.status().to_string());
-  const double load_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  const ModelConfig& c = weights->config;
-  if (a.prompt_tokens + a.gen_tokens > 1 << 24) return fail("bench: context too long");
-
-  auto stream = stream_probe();
-  if (!stream) return fail(stream.status().to_string());
-
-  // Deterministic prompt over the vocabulary (the top 8 ids, where specials live, avoided).
-  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
-  uint64_t x = 0x2545f4914f6cdd1dull;
-  const int64_t span = std::max<int64_t>(1, c.vocab_size - 8);
+// A deterministic prompt over the vocabulary (the top 8 ids, where specials live, avoided);
+// `stream` makes distinct prompts.
+std::vector<int32_t> bench_prompt(int64_t n, int64_t vocab, uint64_t stream) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  uint64_t x = 0x2545f4914f6cdd1dull ^ (stream * 0x9e3779b97f4a7c15ull);
+  const int64_t span = std::max<int64_t>(1, vocab - 8);
   for (auto& t : prompt) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<int32_t>(x % static_cast<uint64_t>(span));
   }
+  return prompt;
+}
 
-  SessionOptions so;
-  so.forward.act = a.dtype == "f32" ? ActDType::kF32 : ActDType::kBF16;
-  std::vector<double> prefill_tps, decode_tps, attnres_share;
-  std::vector<double> dense_share, dense_gb_s, mxfp4_share, mxfp4_gb_s;
-  std::vector<float> logits;
-  std::vector<float> row(static_cast<size_t>(c.vocab_size));
+GenerationRequest bench_request(std::vector<int32_t> prompt, int64_t gen) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_new_tokens = gen;
+  r.ignore_eos = true;
+  return r;
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// One repetition of the single-sequence benchmark: prefill and `gen` decode steps.
+struct SingleRun {
+  double prefill_tps = 0, decode_tps = 0, attnres_share = 0;
+  double dense_share = 0, dense_gb_s = 0, mxfp4_share = 0, mxfp4_gb_s = 0;
+};
+
+Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
+                             const std::vector<int32_t>& prompt, int64_t gen) {
+  EngineOptions o = eo;
+  o.max_sequences = 1;
+  ATTNRES_ASSIGN_OR_RETURN(auto engine, Engine::create(model, o));
+  EngineStats at_first;
+  bool first = true;
+  GenerationResult res;
+  GenerationCallbacks cb;
+  cb.on_token = [&](const TokenEvent&) {
+    if (first) at_first = engine->stats();
+    first = false;
+  };
+  cb.on_finish = [&](GenerationResult&& r) { res = std::move(r); };
+  ATTNRES_RETURN_IF_ERROR(engine->submit(bench_request(prompt, gen + 1), std::move(cb)).status());
+  ATTNRES_RETURN_IF_ERROR(engine->run());
+  if (res.reason == FinishReason::kError) return res.error;
+  const EngineStats& end = engine->stats();
+  SingleRun r;
+  const double dc = res.decode_seconds;
+  r.prefill_tps = static_cast<double>(prompt.size()) / res.ttft_seconds;
+  r.decode_tps = static_cast<double>(gen) / dc;
+  r.attnres_share = (end.attnres_read_seconds - at_first.attnres_read_seconds) / dc;
+  const double ds = end.dense_seconds - at_first.dense_seconds;
+  const double qs = end.mxfp4_seconds - at_first.mxfp4_seconds;
+  r.dense_share = ds / dc;
+  r.mxfp4_share = qs / dc;
+  r.dense_gb_s =
+      ds > 0 ? static_cast<double>(end.dense_bytes - at_first.dense_bytes) / ds * 1e-9 : 0;
+  r.mxfp4_gb_s =
+      qs > 0 ? static_cast<double>(end.mxfp4_bytes - at_first.mxfp4_bytes) / qs * 1e-9 : 0;
+  return r;
+}
+
+int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
+               const MemoryBandwidth& stream, double load_s) {
+  const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 512;
+  const ModelInfo& info = model->info();
+  const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
+  std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
+      mxfp4_gb_s;
   for (int r = 0; r < a.reps; ++r) {
-    auto session = Session::create(*weights, so);
-    if (!session) return fail(session.status().to_string());
-    Session& s = **session;
-
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status st = s.prefill(prompt, /*all_logits=*/false, logits); !st.is_ok())
-      return fail(st.to_string());
-    const auto t1 = std::chrono::steady_clock::now();
-    int32_t next = argmax(logits);
-    const double read_before = s.attnres_read_seconds();
-    const ProjectionStats proj_before = s.projection_stats();
-    for (int64_t g = 0; g < a.gen_tokens; ++g) {
-      if (Status st = s.decode(next, row); !st.is_ok()) return fail(st.to_string());
-      next = argmax(row);
-    }
-    const auto t2 = std::chrono::steady_clock::now();
-    const double pf = std::chrono::duration<double>(t1 - t0).count();
-    const double dc = std::chrono::duration<double>(t2 - t1).count();
-    prefill_tps.push_back(static_cast<double>(a.prompt_tokens) / pf);
-    decode_tps.push_back(static_cast<double>(a.gen_tokens) / dc);
-    attnres_share.push_back((s.attnres_read_seconds() - read_before) / dc);
-    const ProjectionStats& p = s.projection_stats();
-    const double ds = p.dense_seconds - proj_before.dense_seconds;
-    const double qs = p.mxfp4_seconds - proj_before.mxfp4_seconds;
-    dense_share.push_back(ds / dc);
-    mxfp4_share.push_back(qs / dc);
-    dense_gb_s.push_back(
-        ds > 0 ? static_cast<double>(p.dense_bytes - proj_before.dense_bytes) / ds * 1e-9 : 0.0);
-    mxfp4_gb_s.push_back(
-        qs > 0 ? static_cast<double>(p.mxfp4_bytes - proj_before.mxfp4_bytes) / qs * 1e-9 : 0.0);
+    auto run = single_run(model, eo, prompt, gen);
+    if (!run) return fail(run.status().to_string());
+    prefill_tps.push_back(run->prefill_tps);
+    decode_tps.push_back(run->decode_tps);
+    attnres_share.push_back(run->attnres_share);
+    dense_share.push_back(run->dense_share);
+    dense_gb_s.push_back(run->dense_gb_s);
+    mxfp4_share.push_back(run->mxfp4_share);
+    mxfp4_gb_s.push_back(run->mxfp4_gb_s);
   }
-
-  const int64_t cache_elem = a.dtype == "f32" ? 4 : 2;
-  const int64_t weight_bpt = weight_bytes_per_token(*weights);
+  const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
+  const int64_t weight_bpt = decode_weight_bytes_per_token(*model);
   const int64_t state_bpt =
-      state_bytes_per_token(c, a.prompt_tokens + a.gen_tokens / 2, cache_elem);
+      decode_state_bytes_per_token(*model, a.prompt_tokens + gen / 2, cache_elem);
   const int64_t bpt = weight_bpt + state_bpt;
   const double decode_med = median(decode_tps);
   const double achieved_gb_s = static_cast<double>(bpt) * decode_med / 1e9;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  const int64_t peak_rss = static_cast<int64_t>(ru.ru_maxrss) * 1024;
-
-  nlohmann::json j = {
-      {"model", a.model},
-      {"dtype", a.dtype},
-      {"threads", omp_get_max_threads()},
+  const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
+  const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
+  const nlohmann::json j = {
+      {"model", a.model.model},
+      {"dtype", a.model.dtype},
+      {"threads", thread_count()},
+      {"ranks", 1},
       {"prompt_tokens", a.prompt_tokens},
-      {"gen_tokens", a.gen_tokens},
+      {"gen_tokens", gen},
       {"reps", a.reps},
       {"load_seconds", load_s},
       {"prefill_tok_s", median(prefill_tps)},
-      {"prefill_tok_s_min", *std::min_element(prefill_tps.begin(), prefill_tps.end())},
-      {"prefill_tok_s_max", *std::max_element(prefill_tps.begin(), prefill_tps.end())},
+      {"prefill_tok_s_min", *pmin},
+      {"prefill_tok_s_max", *pmax},
       {"decode_tok_s", decode_med},
-      {"decode_tok_s_min", *std::min_element(decode_tps.begin(), decode_tps.end())},
-      {"decode_tok_s_max", *std::max_element(decode_tps.begin(), decode_tps.end())},
+      {"decode_tok_s_min", *dmin},
+      {"decode_tok_s_max", *dmax},
       {"bytes_per_token", bpt},
       {"weight_bytes_per_token", weight_bpt},
       {"state_bytes_per_token", state_bpt},
       {"achieved_gb_s", achieved_gb_s},
-      {"stream_gb_s", stream->read_gb_s},
-      {"stream_copy_gb_s", stream->copy_gb_s},
-      {"stream_triad_gb_s", stream->triad_gb_s},
-      {"roofline_fraction", achieved_gb_s / stream->read_gb_s},
+      {"stream_gb_s", stream.read_gb_s},
+      {"stream_copy_gb_s", stream.copy_gb_s},
+      {"stream_triad_gb_s", stream.triad_gb_s},
+      {"roofline_fraction", achieved_gb_s / stream.read_gb_s},
       {"attnres_share", median(attnres_share)},
       {"dense_proj_share", median(dense_share)},
       {"dense_proj_gb_s", median(dense_gb_s)},
       {"mxfp4_proj_share", median(mxfp4_share)},
       {"mxfp4_proj_gb_s", median(mxfp4_gb_s)},
-      {"peak_rss_bytes", peak_rss},
+      {"peak_rss_bytes", peak_rss_bytes()},
   };
   if (a.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("model          %s (%s, %d threads)\n", a.model.c_str(), a.dtype.c_str(),
-              omp_get_max_threads());
+  std::printf("model          %s (%s, %d threads)\n", a.model.model.c_str(), a.model.dtype.c_str(),
+              thread_count());
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
-              static_cast<long long>(a.prompt_tokens), static_cast<long long>(a.gen_tokens),
-              a.reps);
-  std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps),
-              j["prefill_tok_s_min"].get<double>(), j["prefill_tok_s_max"].get<double>());
-  std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med,
-              j["decode_tok_s_min"].get<double>(), j["decode_tok_s_max"].get<double>());
+              static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
+  std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
+  std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med, *dmin, *dmax);
   std::printf("bytes/token    %.1f MB (weights %.1f MB, state and cache %.1f MB)\n",
               static_cast<double>(bpt) / 1e6, static_cast<double>(weight_bpt) / 1e6,
               static_cast<double>(state_bpt) / 1e6);
   std::printf("bandwidth      %.2f GB/s achieved, STREAM read %.2f GB/s -> %.1f%% of roofline\n",
-              achieved_gb_s, stream->read_gb_s, 100.0 * achieved_gb_s / stream->read_gb_s);
+              achieved_gb_s, stream.read_gb_s, 100.0 * achieved_gb_s / stream.read_gb_s);
   std::printf("AttnRes reads  %.2f%% of decode time\n", 100.0 * median(attnres_share));
   std::printf(
       "projections    dense %.1f%% of decode time (%.2f GB/s), MXFP4 experts %.1f%% (%.2f GB/s), "
@@ -231,19 +197,167 @@ int run_bench(const BenchArgs& a) {
       100.0 * median(dense_share), median(dense_gb_s), 100.0 * median(mxfp4_share),
       median(mxfp4_gb_s), 100.0 * (1.0 - median(dense_share) - median(mxfp4_share)));
   std::printf("peak RSS       %.2f GB (weights are memory-mapped)\n",
-              static_cast<double>(peak_rss) / 1e9);
+              static_cast<double>(peak_rss_bytes()) / 1e9);
   return 0;
+}
+
+// N sequences together; measured while all N decode.
+struct ConcurrentRun {
+  int n = 0;
+  double aggregate_tps = 0, per_seq_tps = 0, ttft_s = 0;
+  int64_t dense_bytes_per_step = 0, mxfp4_bytes_per_step = 0, bytes_per_step = 0;
+  double roofline_fraction = 0;
+};
+
+Result<ConcurrentRun> concurrent_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
+                                     int n, int64_t prompt_len, int64_t gen, int64_t cache_elem,
+                                     double probe_gb_s) {
+  EngineOptions o = eo;
+  o.max_sequences = n;
+  ATTNRES_ASSIGN_OR_RETURN(auto engine, Engine::create(model, o));
+  std::vector<Clock::time_point> token_times;
+  std::vector<double> ttft;
+  int firsts = 0;
+  bool window_open = false, window_closed = false;
+  EngineStats start, stop;
+  Clock::time_point t_start, t_stop;
+  Status error = Status::ok();
+  for (int i = 0; i < n; ++i) {
+    GenerationCallbacks cb;
+    auto first = std::make_shared<bool>(true);
+    cb.on_token = [&, first](const TokenEvent&) {
+      const auto now = Clock::now();
+      if (window_open && !window_closed) token_times.push_back(now);
+      if (*first && ++firsts == n) {  // every sequence decodes from the next step on
+        window_open = true;
+        start = engine->stats();
+        t_start = now;
+      }
+      *first = false;
+    };
+    cb.on_finish = [&](GenerationResult&& r) {
+      if (r.reason == FinishReason::kError) error = r.error;
+      ttft.push_back(r.ttft_seconds);
+      if (window_open && !window_closed) {
+        window_closed = true;
+        stop = engine->stats();
+        t_stop = Clock::now();
+      }
+    };
+    const auto prompt =
+        bench_prompt(prompt_len, model->info().vocab_size, static_cast<uint64_t>(i));
+    ATTNRES_RETURN_IF_ERROR(engine->submit(bench_request(prompt, gen), std::move(cb)).status());
+  }
+  ATTNRES_RETURN_IF_ERROR(engine->run());
+  ATTNRES_RETURN_IF_ERROR(error);
+  ConcurrentRun r;
+  r.n = n;
+  const double secs = std::chrono::duration<double>(t_stop - t_start).count();
+  const int64_t steps = stop.steps - start.steps;
+  if (!window_closed || steps <= 0 || secs <= 0)
+    return Status(ErrorCode::kInvalidArgument,
+                  "bench: --gen-tokens is too short for all sequences to decode together");
+  r.aggregate_tps = static_cast<double>(token_times.size()) / secs;
+  r.per_seq_tps = r.aggregate_tps / n;
+  r.ttft_s = median(ttft);
+  r.dense_bytes_per_step = (stop.dense_bytes - start.dense_bytes) / steps;
+  r.mxfp4_bytes_per_step = (stop.mxfp4_bytes - start.mxfp4_bytes) / steps;
+  r.bytes_per_step = r.dense_bytes_per_step + r.mxfp4_bytes_per_step +
+                     n * (decode_attention_weight_bytes_per_sequence(*model) +
+                          decode_state_bytes_per_token(*model, prompt_len + gen / 2, cache_elem));
+  r.roofline_fraction =
+      static_cast<double>(r.bytes_per_step) * static_cast<double>(steps) / secs / 1e9 / probe_gb_s;
+  return r;
+}
+
+Result<std::vector<int>> parse_concurrency(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1 || v > 256)
+      return Status(ErrorCode::kInvalidArgument,
+                    "--concurrency: '" + item + "' is not a sequence count in 1..256");
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty()) return Status(ErrorCode::kInvalidArgument, "--concurrency: no counts given");
+  return out;
+}
+
+int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
+                   const MemoryBandwidth& stream) {
+  auto counts = parse_concurrency(a.concurrency);
+  if (!counts) return fail(counts.status().to_string());
+  const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 128;
+  const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
+  nlohmann::json rows = nlohmann::json::array();
+  if (!a.json)
+    std::printf("%4s %14s %14s %9s %16s %16s %9s\n", "N", "aggregate tok/s", "per-seq tok/s",
+                "TTFT s", "dense MB/step", "MXFP4 MB/step", "roofline");
+  for (int n : *counts) {
+    auto r = concurrent_run(model, eo, n, a.prompt_tokens, gen, cache_elem, stream.read_gb_s);
+    if (!r) return fail(r.status().to_string());
+    rows.push_back({{"n", n},
+                    {"aggregate_decode_tok_s", r->aggregate_tps},
+                    {"per_seq_decode_tok_s", r->per_seq_tps},
+                    {"ttft_s", r->ttft_s},
+                    {"bytes_per_step", r->bytes_per_step},
+                    {"dense_bytes_per_step", r->dense_bytes_per_step},
+                    {"mxfp4_bytes_per_step", r->mxfp4_bytes_per_step},
+                    {"roofline_fraction", r->roofline_fraction}});
+    if (!a.json)
+      std::printf("%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%\n", n, r->aggregate_tps,
+                  r->per_seq_tps, r->ttft_s, static_cast<double>(r->dense_bytes_per_step) / 1e6,
+                  static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction);
+  }
+  if (a.json) {
+    std::cout << nlohmann::json{{"model", a.model.model},
+                                {"dtype", a.model.dtype},
+                                {"threads", thread_count()},
+                                {"ranks", 1},
+                                {"prompt_tokens", a.prompt_tokens},
+                                {"gen_tokens", gen},
+                                {"stream_gb_s", stream.read_gb_s},
+                                {"concurrency", rows},
+                                {"peak_rss_bytes", peak_rss_bytes()}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("STREAM read %.2f GB/s, %d threads, %lld prompt + %lld generated tokens each\n",
+                stream.read_gb_s, thread_count(), static_cast<long long>(a.prompt_tokens),
+                static_cast<long long>(gen));
+  }
+  return 0;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.prompt_tokens < 1 || a.gen_tokens < 0 || a.reps < 1)
+    return fail("bench: --prompt-tokens and --reps must be >= 1, --gen-tokens >= 1");
+  if (a.prompt_tokens + a.gen_tokens > 1 << 24) return fail("bench: context too long");
+  auto eo = engine_options(a.model);
+  if (!eo) return fail("bench: " + eo.status().message());
+  const auto t_load = Clock::now();
+  auto model = load_cli_model(a.model, /*need_tokenizer=*/false, /*progress=*/false);
+  if (!model) return fail(model.status().to_string());
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  auto stream = measure_memory_bandwidth();
+  if (!stream) return fail(stream.status().to_string());
+  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream);
+  return run_single(a, *model, *eo, *stream, load_s);
 }
 
 const CommandRegistration kReg(
     "bench", "Prefill/decode speed against the machine's measured bandwidth", [](CLI::App* sub) {
       auto a = std::make_shared<BenchArgs>();
-      sub->add_option("--model", a->model, "Model directory")->required();
+      add_model_options(sub, a->model);
       sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length (default 256)");
-      sub->add_option("--gen-tokens", a->gen_tokens, "Generated tokens (default 512)");
-      sub->add_option("--threads", a->threads, "OpenMP threads (default: all cores)");
+      sub->add_option("--gen-tokens", a->gen_tokens,
+                      "Generated tokens (default 512; 128 with --concurrency)");
       sub->add_option("--reps", a->reps, "Repetitions; median reported (default 3)");
-      sub->add_option("--dtype", a->dtype, "Activation dtype: bf16 (default) or f32");
+      sub->add_option("--concurrency", a->concurrency,
+                      "Sequence counts to run together, e.g. 1,2,4,8,16");
       sub->add_flag("--json", a->json, "Machine-readable output");
       return CommandRun([a] { return run_bench(*a); });
     });

@@ -15,25 +15,35 @@
 #include <sstream>
 
 #include "command.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
-#include "runtime/session.h"
+#include "frontend.h"
+#include "io/safetensors.h"  // the logit dump's file format
 
 namespace attnres::cli {
 namespace {
 
 struct RunArgs {
-  std::string model;
+  ModelArgs model;
   std::string prompt_ids;
   std::string prompt_file;
   int64_t max_new_tokens = 16;
   int64_t chunk_size = 4096;
-  std::string dtype = "bf16";
-  std::string kv_dtype = "auto";
   std::string dump;
   bool ignore_eos = false;
   bool json = false;
 };
+
+std::string kv_dtype_name(const EngineOptions& o) {
+  switch (o.cache) {
+    case CacheType::kBF16:
+      return "bf16";
+    case CacheType::kFP8:
+      return "fp8";
+    case CacheType::kF32:
+      return "f32";
+    default:
+      return o.activation == ActivationType::kF32 ? "f32" : "bf16";
+  }
+}
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s, const std::string& where) {
   std::vector<int32_t> ids;
@@ -62,88 +72,88 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s, const std::string& 
   return ids;
 }
 
-int run(const RunArgs& a) {
+Result<std::vector<int32_t>> read_prompt(const RunArgs& a) {
   if (a.prompt_ids.empty() == a.prompt_file.empty())
-    return fail("give exactly one of --prompt-ids and --prompt-file");
-  std::vector<int32_t> prompt;
-  if (!a.prompt_ids.empty()) {
-    auto ids = parse_ids(a.prompt_ids, "--prompt-ids");
-    if (!ids.is_ok()) return fail(ids.status().message());
-    prompt = std::move(ids).value();
-  } else {
-    std::ifstream in(a.prompt_file, std::ios::binary);
-    if (!in) return fail(a.prompt_file + ": cannot open prompt file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto ids = parse_ids(ss.str(), a.prompt_file);
-    if (!ids.is_ok()) return fail(ids.status().message());
-    prompt = std::move(ids).value();
-  }
+    return Status(ErrorCode::kInvalidArgument,
+                  "give exactly one of --prompt-ids and --prompt-file");
+  if (!a.prompt_ids.empty()) return parse_ids(a.prompt_ids, "--prompt-ids");
+  std::ifstream in(a.prompt_file, std::ios::binary);
+  if (!in) return Status(ErrorCode::kIoError, a.prompt_file + ": cannot open prompt file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_ids(ss.str(), a.prompt_file);
+}
+
+Status dump_logits(const RunArgs& a, const EngineOptions& eo, const std::vector<int32_t>& prompt,
+                   const GenerationResult& r, int64_t V) {
+  const int64_t P = static_cast<int64_t>(prompt.size()), G = static_cast<int64_t>(r.tokens.size());
+  std::vector<int64_t> tokens(prompt.begin(), prompt.end());
+  tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+  std::vector<TensorToWrite> t = {
+      {"prefill_logits", DType::kF32, {P, V}, r.prompt_logits.data()},
+      {"decode_logits", DType::kF32, {G, V}, r.token_logits.data()},
+      {"tokens", DType::kI64, {P + G}, tokens.data()},
+  };
+  return write_safetensors(a.dump, t,
+                           {{"dtype", a.model.dtype},
+                            {"kv_dtype", kv_dtype_name(eo)},
+                            {"chunk_size", std::to_string(a.chunk_size)}});
+}
+
+int run(const RunArgs& a) {
+  auto prompt = read_prompt(a);
+  if (!prompt.is_ok()) return fail(prompt.status().message());
   if (a.max_new_tokens < 1) return fail("--max-new-tokens must be >= 1");
-
-  SessionOptions so;
-  so.chunk_size = a.chunk_size;
-  so.forward.act = a.dtype == "f32" ? ActDType::kF32 : ActDType::kBF16;
-  if (a.kv_dtype == "bf16") so.forward.kv = KvCacheDtype::kBF16;
-  if (a.kv_dtype == "fp8") so.forward.kv = KvCacheDtype::kFP8;
-  if (a.kv_dtype == "f32") so.forward.kv = KvCacheDtype::kF32;
-
-  auto weights = load_model(a.model);
-  if (!weights.is_ok()) return fail(weights.status().to_string());
-  const ModelWeights& w = weights.value();
-  const int64_t V = w.config.vocab_size;
-  for (size_t i = 0; i < prompt.size(); ++i)
-    if (prompt[i] >= V)
-      return fail("prompt token " + std::to_string(prompt[i]) + " at position " +
-                  std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
-  auto session = Session::create(w, so);
-  if (!session.is_ok()) return fail(session.status().to_string());
-  const int64_t stop = a.ignore_eos ? -1 : w.config.eos_token_id.value_or(-1);
-  auto gen = generate_greedy(**session, prompt, a.max_new_tokens, stop, !a.dump.empty());
+  auto eo = engine_options(a.model);
+  if (!eo) return fail(eo.status().to_string());
+  eo->max_sequences = 1;
+  eo->prefill_chunk = a.chunk_size;
+  auto model = load_cli_model(a.model, /*need_tokenizer=*/false, /*progress=*/false);
+  if (!model.is_ok()) return fail(model.status().to_string());
+  auto engine = Engine::create(*model, *eo);
+  if (!engine.is_ok()) return fail(engine.status().to_string());
+  GenerationRequest req;
+  req.prompt = *prompt;
+  req.sampling.temperature = 0;
+  req.max_new_tokens = a.max_new_tokens;
+  req.keep_logits = !a.dump.empty();
+  // run stops only at the config's eos_token_id (not the chat stop token), unless --ignore-eos.
+  req.ignore_eos = true;
+  const ModelInfo& info = (*model)->info();
+  if (!a.ignore_eos && info.eos_token >= 0) req.stop_tokens.push_back(info.eos_token);
+  auto gen = run_request(**engine, std::move(req), nullptr, nullptr, !a.json);
   if (!gen.is_ok()) return fail(gen.status().to_string());
-  const GenerateResult& r = gen.value();
-  const int64_t P = static_cast<int64_t>(prompt.size()),
-                G = static_cast<int64_t>(r.generated.size());
-
+  const GenerationResult& r = gen.value();
+  const int64_t P = static_cast<int64_t>(prompt->size()), G = static_cast<int64_t>(r.tokens.size());
   if (!a.dump.empty()) {
-    std::vector<int64_t> tokens(prompt.begin(), prompt.end());
-    tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
-    std::vector<TensorToWrite> t = {
-        {"prefill_logits", DType::kF32, {P, V}, r.prefill_logits.data()},
-        {"decode_logits", DType::kF32, {G, V}, r.decode_logits.data()},
-        {"tokens", DType::kI64, {P + G}, tokens.data()},
-    };
-    Status st =
-        write_safetensors(a.dump, t,
-                          {{"dtype", a.dtype},
-                           {"kv_dtype", std::string(kv_cache_dtype_name(so.forward.cache_dtype()))},
-                           {"chunk_size", std::to_string(a.chunk_size)}});
-    if (!st.is_ok()) return fail(st.to_string());
+    if (Status st = dump_logits(a, *eo, *prompt, r, info.vocab_size); !st.is_ok())
+      return fail(st.to_string());
   }
-  const double pre_tps = r.prefill_seconds > 0 ? static_cast<double>(P) / r.prefill_seconds : 0;
+  const double pre_tps = r.ttft_seconds > 0 ? static_cast<double>(P) / r.ttft_seconds : 0;
   const double dec_steps = static_cast<double>(G > 0 ? G - 1 : 0);
   const double dec_tps = r.decode_seconds > 0 ? dec_steps / r.decode_seconds : 0;
   if (a.json) {
     nlohmann::json j;
-    j["model"] = a.model;
+    j["model"] = a.model.model;
     j["prompt_tokens"] = P;
-    j["generated"] = r.generated;
-    j["dtype"] = a.dtype;
-    j["kv_dtype"] = kv_cache_dtype_name(so.forward.cache_dtype());
+    j["generated"] = r.tokens;
+    j["dtype"] = a.model.dtype;
+    j["kv_dtype"] = kv_dtype_name(*eo);
     j["chunk_size"] = a.chunk_size;
-    j["prefill_seconds"] = r.prefill_seconds;
+    j["threads"] = thread_count();
+    j["prefill_seconds"] = r.ttft_seconds;
     j["decode_seconds"] = r.decode_seconds;
     j["prefill_tokens_per_second"] = pre_tps;
     j["decode_tokens_per_second"] = dec_tps;
     if (!a.dump.empty()) j["dump"] = a.dump;
     std::cout << j.dump() << "\n";
   } else {
-    for (size_t i = 0; i < r.generated.size(); ++i) std::cout << (i ? " " : "") << r.generated[i];
+    for (size_t i = 0; i < r.tokens.size(); ++i) std::cout << (i ? " " : "") << r.tokens[i];
     std::cout << "\n";
     std::fprintf(
         stderr,
         "prefill %lld tokens in %.3f s (%.1f tok/s); decode %lld tokens in %.3f s (%.1f tok/s)\n",
-        static_cast<long long>(P), r.prefill_seconds, pre_tps, static_cast<long long>(dec_steps),
+        static_cast<long long>(P), r.ttft_seconds, pre_tps, static_cast<long long>(dec_steps),
         r.decode_seconds, dec_tps);
   }
   return 0;
@@ -153,8 +163,7 @@ const CommandRegistration kReg(
     "run", "greedy generation on a model directory (optionally dumping every logit row)",
     [](CLI::App* sub) -> CommandRun {
       auto a = std::make_shared<RunArgs>();
-      sub->add_option("--model", a->model, "model directory (config.json + safetensors)")
-          ->required();
+      add_model_options(sub, a->model);
       sub->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, e.g. 1,2,3");
       sub->add_option("--prompt-file", a->prompt_file,
                       "file of prompt token ids (commas and/or whitespace)");
@@ -163,13 +172,6 @@ const CommandRegistration kReg(
       sub->add_option("--chunk-size", a->chunk_size, "prefill chunk length")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-      sub->add_option("--dtype", a->dtype, "activation dtype")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"bf16", "f32"}));
-      sub->add_option("--kv-dtype", a->kv_dtype,
-                      "MLA latent cache dtype (auto = f32 with --dtype f32, else bf16)")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"auto", "bf16", "fp8", "f32"}));
       sub->add_option("--dump-logits", a->dump, "write logits and tokens to this safetensors file");
       sub->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the config's eos_token_id");
       sub->add_flag("--json", a->json, "print one JSON object");
