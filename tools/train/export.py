@@ -24,6 +24,8 @@ import bpe
 import checkpoint
 import model as M
 
+HELDOUT_WINDOWS = 4  # held-out windows whose trainer NLL the C++ test compares with the engine
+
 PROMPTS = [
     "In the beginning God created",
     "And the LORD spake unto Moses, saying,",
@@ -70,6 +72,27 @@ def reference_forward(cfg, values, prompts_ids):
     return out, min(margins)
 
 
+def fnv1a_ids(ids):
+    """FNV-1a 64 over the ids as little-endian int32 (the C++ test hashes the same bytes)."""
+    h = 0xcbf29ce484222325
+    for b in torch.tensor(ids, dtype=torch.int32).numpy().astype("<i4").tobytes():
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@torch.no_grad()
+def window_nll(cfg, values, ids, window, count):
+    """Mean NLL (float64 forward on the engine's weight values) of each of the first `count`
+    windows of `window` tokens, scored as train.py's evaluation and `attnres perplexity`."""
+    logits, _ = reference_forward(cfg, values, [ids[s:s + window] for s in
+                                                range(0, window * count, window)])
+    out = []
+    for i, lg in enumerate(logits):
+        w = torch.tensor(ids[i * window:(i + 1) * window])
+        out.append(torch.nn.functional.cross_entropy(lg[:-1].double(), w[1:]).item())
+    return out
+
+
 def engine_logits(engine, model_dir, ids):
     with tempfile.TemporaryDirectory() as d:
         dump = os.path.join(d, "dump.safetensors")
@@ -85,7 +108,7 @@ def engine_logits(engine, model_dir, ids):
         return torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(h["shape"])
 
 
-def write_fixture(path, prompts, ids, logits_by_variant, meta):
+def write_fixture(path, prompts, ids, logits_by_variant, meta, extra):
     tensors = []
     for i, p in enumerate(ids):
         tensors.append((f"case{i}.prompt_ids", "I32", [len(p)],
@@ -108,7 +131,7 @@ def write_fixture(path, prompts, ids, logits_by_variant, meta):
         for t in tensors:
             f.write(t[3])
     with open(os.path.splitext(path)[0] + ".json", "w") as f:
-        json.dump({"prompts": prompts, "prompt_ids": ids, **meta}, f, indent=1)
+        json.dump({"prompts": prompts, "prompt_ids": ids, **meta, **extra}, f, indent=1)
         f.write("\n")
 
 
@@ -125,13 +148,14 @@ def main():
     prompts_ids = [tok.encode(p) for p in PROMPTS]
     dirs = {"mxfp4": os.path.join(a.models, a.name),
             "bf16": os.path.join(a.models, a.name + "-bf16-experts")}
-    logits = {}
+    logits, values_by_variant = {}, {}
     worst = 0.0
     for variant, d in dirs.items():
         values = checkpoint.export(model, tok, d, mxfp4=variant == "mxfp4",
                                    metadata={"format": "pt", "trained_by": "tools/train/train.py",
                                              "experts": variant})
         shutil.copy(os.path.join(a.run, "heldout.txt"), os.path.join(a.models, "kjv-heldout.txt"))
+        values_by_variant[variant] = values
         logits[variant], margin = reference_forward(cfg, values, prompts_ids)
         size = os.path.getsize(os.path.join(d, "model.safetensors"))
         print(f"{d}: model.safetensors {size} bytes; smallest router margin {margin:.2e}")
@@ -141,10 +165,18 @@ def main():
                 diff = (got - ref).abs().max().item()
                 worst = max(worst, diff)
                 print(f"  engine f32 vs trainer, {len(ids)} tokens: max |diff| {diff:.2e}")
+    with open(os.path.join(a.run, "heldout.txt")) as f:
+        held = tok.encode(f.read())
+    window = cfg.max_position_embeddings
+    held_nll = {v: window_nll(cfg, values_by_variant[v], held, window, HELDOUT_WINDOWS)
+                for v in dirs}
+    print(f"held-out NLL of the first {HELDOUT_WINDOWS} windows: {held_nll}")
     os.makedirs(os.path.dirname(a.fixture), exist_ok=True)
     write_fixture(a.fixture, PROMPTS, prompts_ids, logits,
                   {"model": a.name, "variants": "mxfp4 = models/" + a.name + ", bf16 = models/" +
-                   a.name + "-bf16-experts", "computed_by": "tools/train/export.py (float64)"})
+                   a.name + "-bf16-experts", "computed_by": "tools/train/export.py (float64)"},
+                  {"heldout_tokens": len(held), "heldout_ids_fnv1a": f"{fnv1a_ids(held):016x}",
+                   "heldout_window": window, "heldout_window_nll": held_nll})
     print(f"wrote {a.fixture}")
     if a.engine:
         print(f"worst engine difference {worst:.2e}")
