@@ -123,7 +123,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="run directory")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
