@@ -77,7 +77,7 @@ class Progress {
  public:
   Progress(int64_t total, bool show) : total_(total), show_(show), tty_(isatty(STDERR_FILENO)) {}
   void update(int64_t done, const Score& s, bool last = false) {
-    if (!show_ || finished_) return;
+    if (!show_ || finished_ || (!last && done >= total_)) return;  // the last call shows 100%
     const auto now = std::chrono::steady_clock::now();
     const int64_t tenth = 10 * done / total_;
     if (!last && (tty_ ? now - shown_ < std::chrono::seconds(1) : tenth == tenth_shown_)) return;

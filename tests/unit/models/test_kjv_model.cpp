@@ -176,9 +176,9 @@ TEST(KjvModel, HeldOutLossMatchesTheTrainer) {
         const double ref = want[k].get<double>();
         std::printf("[ measured ] %s experts, %s, window %zu: engine %.6f, trainer %.6f\n",
                     variant.c_str(), act == ActDType::kF32 ? "f32" : "bf16", k, nll, ref);
-        // f32: summation order only; bf16: the rounding of every activation (measured
-        // differences are in the README's quality table).
-        EXPECT_NEAR(nll, ref, act == ActDType::kF32 ? 1e-4 : 0.02 * ref)
+        // f32: summation order only; bf16: the rounding of every activation (measured: at
+        // most 1.1e-3 nats, 0.03%, on these windows; the bound leaves 20x).
+        EXPECT_NEAR(nll, ref, act == ActDType::kF32 ? 1e-4 : 5e-3 * ref)
             << variant << (act == ActDType::kF32 ? " f32" : " bf16") << " window " << k;
       }
     }
