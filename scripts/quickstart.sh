@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job on a fresh Debian 12 machine: install the dependencies, build the
-# release preset, write the embedded default model (a small synthetic checkpoint in the published
-# Kimi-K3 layout with a byte-level tokenizer, unless ATTNRES_MODEL points at a real model
-# directory), validate it, and generate text from a prompt.
+# release preset, then run the embedded default model (models/kjv: a small AttnRes model with
+# the Kimi-K3 graph, trained on the King James Bible, see models/README.md) unless
+# ATTNRES_MODEL points at another model directory in the published layout: validate it,
+# generate text from a prompt, and score the held-out text.
 #   scripts/quickstart.sh ["prompt text"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,12 +11,14 @@ bash scripts/install-deps.sh
 cmake --preset release
 cmake --build --preset release
 bin=build/release/attnres
-model=${ATTNRES_MODEL:-build/models/tiny}
-if [ ! -f "$model/config.json" ]; then
-  "$bin" make-model --preset tiny --out "$model"
-fi
+model=${ATTNRES_MODEL:-models/kjv}
 "$bin" inspect "$model" | sed -n '1,8p'
 echo
-echo "== generate (random weights: the text is noise; the pipeline is real)"
-"$bin" generate --model "$model" --prompt "${1:-Hello from attnres}" --max-new-tokens 32 \
-  --temperature 0.8 --seed 1
+echo "== generate (sampled, temperature 0.7, seed 1)"
+"$bin" generate --model "$model" --prompt "${1:-And God said unto Moses,}" --max-new-tokens 64 \
+  --temperature 0.7 --top-p 0.95 --seed 1
+if [ "$model" = models/kjv ]; then
+  echo
+  echo "== perplexity on the held-out chapters (never trained on)"
+  "$bin" perplexity --model "$model" --text models/kjv-heldout.txt
+fi
