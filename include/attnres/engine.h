@@ -111,7 +111,7 @@ struct EngineOptions {
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int64_t max_new_tokens = -1;       // -1: up to the context
+  int64_t max_new_tokens = -1;       // -1: up to the context; 0 with keep_logits: score the prompt
   bool strict_context = false;       // prompt + max_new_tokens must fit the context (else refused)
   bool ignore_eos = false;           // generate through the model's stop tokens
   std::vector<int32_t> stop_tokens;  // besides the model's

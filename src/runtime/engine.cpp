@@ -221,13 +221,14 @@ Status Engine::Impl::validate(const GenerationRequest& r, int64_t& max_new,
     if (r.prompt[i] < 0 || r.prompt[i] >= V)
       return bad("prompt: token id " + std::to_string(r.prompt[i]) + " at position " +
                  std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
-  if (n >= ctx)
+  const bool score_only = r.max_new_tokens == 0 && r.keep_logits;
+  if (n > ctx || (n == ctx && !score_only))
     return Status(ErrorCode::kContextLengthExceeded,
                   "prompt of " + std::to_string(n) + " tokens leaves no room to generate in the " +
                       "context of " + std::to_string(ctx) + " tokens (" + ctx_source + ")");
-  if (r.max_new_tokens == 0 || r.max_new_tokens < -1)
+  if ((r.max_new_tokens == 0 && !score_only) || r.max_new_tokens < -1)
     return bad("max_new_tokens is " + std::to_string(r.max_new_tokens) +
-               ", expected >= 1 (or -1: up to the context)");
+               ", expected >= 1, -1 (up to the context) or 0 with keep_logits (score the prompt)");
   if (r.strict_context && r.max_new_tokens > ctx - n)
     return Status(ErrorCode::kContextLengthExceeded,
                   "prompt of " + std::to_string(n) + " tokens + max_new_tokens " +
@@ -335,7 +336,7 @@ void Engine::Impl::admit() {
 
 // Restores the deepest stored prefix of the prompt; returns its entry (null: none).
 const PrefixEntry* Engine::Impl::restore_prefix(Seq& s) {
-  if (!prefix || !s.req.use_prefix_cache) return nullptr;
+  if (!prefix || !s.req.use_prefix_cache || s.max_new == 0) return nullptr;  // 0: scoring
   const PrefixStore::Match m = prefix->lookup(s.req.prompt);
   if (m.entry == nullptr) return nullptr;
   s.state.restore(m.entry->snapshot);
@@ -454,6 +455,7 @@ void Engine::Impl::after_prefill(Seq& s, const Planned& p) {
   }
   const float* last = row(p, p.logit_rows - 1);
   snapshot(s, done, last);
+  if (s.max_new == 0) return finish(s, FinishReason::kLength);  // a scoring request
   choose_next(s, last);
 }
 

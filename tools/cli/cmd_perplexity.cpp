@@ -6,7 +6,8 @@
 // state (N = the config's max_position_embeddings, the context the model was trained for; 0 or
 // no such field: the whole text as one context). In a window every token after the first is
 // scored by the logits of the row before it: NLL = logsumexp(row) - row[target], computed in
-// double. Tokens go through Session::prefill in pieces of C tokens (C = prefill chunk), so
+// double. Each window is one scoring request to the engine (its prompt, nothing generated),
+// prefilled in chunks of C tokens, so
 // --chunk-size 1 scores through the decode path, 64 and 4096 through chunked prefill.
 // Output: mean NLL (nats / token), perplexity = exp(mean NLL), top-1 accuracy and the counts
 // (one JSON object with --json); a progress line on stderr for texts over 4096 tokens unless
@@ -23,9 +24,7 @@
 #include <sstream>
 
 #include "command.h"
-#include "io/weights.h"
-#include "runtime/session.h"
-#include "tokenizer/tokenizer.h"
+#include "frontend.h"
 
 namespace attnres::cli {
 namespace {
@@ -40,6 +39,7 @@ struct PerplexityArgs {
   std::string kv_dtype = "auto";
   int64_t chunk_size = 4096;
   int64_t window = -1;  // -1: the config's max_position_embeddings (or whole text)
+  int threads = 0;
   bool json = false;
   bool quiet = false;
 };
@@ -115,17 +115,20 @@ int run(const PerplexityArgs& a) {
     return fail("--window is " + std::to_string(a.window) +
                 ", expected 0 (whole text) or at least 2 tokens");
 
-  auto weights = load_model(a.model);
-  if (!weights.is_ok()) return fail(weights.status().to_string());
-  const ModelWeights& w = weights.value();
-  const int64_t V = w.config.vocab_size;
-  const std::string tok_path = a.tokenizer.empty() ? a.model + "/tiktoken.model" : a.tokenizer;
-  auto tok = Tokenizer::load(tok_path, PreTokenizer::kKimi);
-  if (!tok) return fail(tok.status().to_string());
-  if (tok->vocab_size() > V)
-    return fail(tok_path + ": tokenizer has " + std::to_string(tok->vocab_size()) +
-                " ids but the model's vocab_size is " + std::to_string(V));
-  auto encoded = tok->encode(text, /*allow_special=*/false);
+  ModelArgs ma;
+  ma.model = a.model;
+  ma.tokenizer = a.tokenizer;
+  ma.dtype = a.dtype;
+  ma.kv_dtype = a.kv_dtype;
+  ma.threads = a.threads;
+  auto eo = engine_options(ma);
+  if (!eo) return fail(eo.status().to_string());
+  eo->max_sequences = 1;
+  eo->prefill_chunk = a.chunk_size;
+  auto model = load_cli_model(ma, /*need_tokenizer=*/true, /*progress=*/!a.quiet && !a.json);
+  if (!model) return fail(model.status().to_string());
+  const int64_t V = (*model)->info().vocab_size;
+  auto encoded = (*model)->encode(text);
   if (!encoded) return fail(encoded.status().to_string());
   const std::vector<int32_t> ids = std::move(encoded).value();
   if (ids.size() < 2)
@@ -133,46 +136,41 @@ int run(const PerplexityArgs& a) {
                 " token(s); perplexity needs at least 2");
   const int64_t n = static_cast<int64_t>(ids.size());
   int64_t window = a.window;
-  if (window < 0) window = w.config.max_position_embeddings.value_or(0);
+  if (window < 0) window = (*model)->info().context_length;
   if (window == 0 || window > n) window = n;
-
-  SessionOptions so;
-  so.chunk_size = a.chunk_size;
-  so.forward.act = a.dtype == "f32" ? ActDType::kF32 : ActDType::kBF16;
-  if (a.kv_dtype == "bf16") so.forward.kv = KvCacheDtype::kBF16;
-  if (a.kv_dtype == "fp8") so.forward.kv = KvCacheDtype::kFP8;
-  if (a.kv_dtype == "f32") so.forward.kv = KvCacheDtype::kF32;
-  auto session = Session::create(w, so);
-  if (!session.is_ok()) return fail(session.status().to_string());
-  Session& s = **session;
+  auto engine = Engine::create(*model, *eo);
+  if (!engine) return fail(engine.status().to_string());
 
   Score score;
   Progress progress(n, !a.quiet && n > kProgressMinTokens);
-  std::vector<float> logits;
   int64_t windows = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t w0 = 0; w0 < n; w0 += window) {
     const int64_t w1 = std::min(n, w0 + window);
     if (w1 - w0 < 2) break;  // a trailing single token has nothing before it to score it
-    s.reset();
-    s.reserve(w1 - w0);
     ++windows;
-    for (int64_t p0 = w0; p0 < w1; p0 += a.chunk_size) {
-      const int64_t p1 = std::min(w1, p0 + a.chunk_size);
-      Status st = s.prefill(std::span(ids.data() + p0, static_cast<size_t>(p1 - p0)),
-                            /*all_logits=*/true, logits);
-      if (!st) return fail(st.to_string());
-      // Row r predicts token p0 + r + 1; the window's last token predicts nothing inside it.
-      score_rows(logits, V, ids.data() + p0 + 1, std::min(p1, w1 - 1) - p0, score);
-      progress.update(p1, score);
-    }
+    // A scoring request: the window as the prompt, every row's logits, nothing generated.
+    GenerationRequest req;
+    req.prompt.assign(ids.begin() + w0, ids.begin() + w1);
+    req.max_new_tokens = 0;
+    req.keep_logits = true;
+    GenerationResult res;
+    GenerationCallbacks cb;
+    cb.on_finish = [&](GenerationResult&& r) { res = std::move(r); };
+    cb.on_prefill = [&](int64_t done, int64_t) { progress.update(w0 + done, score); };
+    if (auto id = (*engine)->submit(std::move(req), std::move(cb)); !id)
+      return fail(id.status().to_string());
+    if (Status st = (*engine)->run(); !st) return fail(st.to_string());
+    if (res.reason == FinishReason::kError) return fail(res.error.to_string());
+    // Row r predicts token w0 + r + 1; the window's last token predicts nothing inside it.
+    score_rows(res.prompt_logits, V, ids.data() + w0 + 1, w1 - w0 - 1, score);
   }
   progress.update(n, score, /*last=*/true);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double mean = score.nll / static_cast<double>(score.scored);
   const double ppl = std::exp(mean);
   const double acc = static_cast<double>(score.top1) / static_cast<double>(score.scored);
-  const std::string kv(kv_cache_dtype_name(so.forward.cache_dtype()));
+  const std::string kv = a.kv_dtype != "auto" ? a.kv_dtype : a.dtype == "f32" ? "f32" : "bf16";
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -226,6 +224,8 @@ const CommandRegistration kReg(
       sub->add_option("--window", a->window,
                       "tokens per context window, each from an empty state (default: the "
                       "config's max_position_embeddings; 0: the whole text)");
+      sub->add_option("--threads", a->threads,
+                      "Threads (default: the physical cores this process may run on)");
       sub->add_flag("--json", a->json, "print one JSON object");
       sub->add_flag("--quiet", a->quiet, "no progress line on stderr");
       return [a] { return run(*a); };
