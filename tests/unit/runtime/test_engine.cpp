@@ -159,8 +159,12 @@ TEST(Engine, SubmitRefusesBadRequestsNamingTheField) {
       },
       ErrorCode::kContextLengthExceeded, "max_new_tokens 62");
   add(
-      "zero", [](GenerationRequest& r) { r.max_new_tokens = 0; }, ErrorCode::kInvalidArgument,
-      "max_new_tokens");
+      "zero",
+      [](GenerationRequest& r) {
+        r.max_new_tokens = 0;
+        r.keep_logits = false;
+      },
+      ErrorCode::kInvalidArgument, "max_new_tokens");
   add(
       "temperature", [](GenerationRequest& r) { r.sampling.temperature = -1; },
       ErrorCode::kInvalidArgument, "temperature");
