@@ -49,6 +49,7 @@
 
 #include "bench_limits.h"
 #include "kernels/attnres.h"
+#include "util/parallel.h"
 #include "util/random.h"
 
 namespace attnres::bench {
@@ -124,8 +125,9 @@ void make_step_data(StepData& s, int S, int64_t T, bool inplace, const std::vect
 }
 
 void stream_triad(double* a, const double* b, const double* c, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0 * c[i];
+  parallel_ranges(n, true, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) a[i] = b[i] + 3.0 * c[i];
+  });
 }
 
 void BM_AttnResStep(benchmark::State& state) {

@@ -55,7 +55,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include <benchmark/benchmark.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <chrono>
@@ -81,15 +81,12 @@ double fma_peak_gflop_s() {
     const double lanes = static_cast<double>(HWY_DYNAMIC_DISPATCH(FmaLanes)());
     double best = 0.0;
     for (int rep = 0; rep < 5; ++rep) {
-      int threads = 1;
-      float sink = 0.0f;
+      const int threads = parallel_threads();
+      std::vector<float> sinks(static_cast<size_t>(threads));
       const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel reduction(+ : sink)
-      {
-#pragma omp single
-        threads = omp_get_num_threads();
-        sink += loop(kIters);
-      }
+      parallel_tasks(threads, [&](int64_t i) { sinks[static_cast<size_t>(i)] = loop(kIters); });
+      float sink = 0.0f;
+      for (float x : sinks) sink += x;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       benchmark::DoNotOptimize(sink);
       best = std::max(best, 2.0 * kAcc * lanes * static_cast<double>(kIters * threads) / s * 1e-9);

@@ -13,7 +13,7 @@
 //   ./attnres_bench --benchmark_filter='Gemv|Gemm' (see docs/kernels.md for the full command)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <chrono>
@@ -137,7 +137,7 @@ const bool kContextRegistered = [] {
   benchmark::AddCustomContext("attnres_simd_target", matmul_simd_target());
   benchmark::AddCustomContext("cpu_model", cpu_info().model_name);
   benchmark::AddCustomContext("cpu_features", cpu_features_string(cpu_info()));
-  benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("omp_threads", std::to_string(parallel_threads()));
   benchmark::AddCustomContext("openblas_config", openblas_get_config());
   benchmark::AddCustomContext("openblas_core", openblas_get_corename());
   return true;
@@ -146,7 +146,7 @@ const bool kContextRegistered = [] {
 // OpenBLAS uses as many threads as OpenMP (both libraries on all threads).
 void context_once() {
   static const bool done = [] {
-    openblas_set_num_threads(omp_get_max_threads());
+    openblas_set_num_threads(parallel_threads());
     return true;
   }();
   (void)done;

@@ -21,6 +21,7 @@
 
 #include "kernels/activation.h"
 #include "util/numeric.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -83,13 +84,14 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
   constexpr int64_t kBlock = 1024;
   constexpr int64_t kParallelMinElements = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
-    HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, out + i0);
-    if (bf16_out)
-      for (int64_t i = i0; i < i0 + m; ++i) out[i] = round_bf16(out[i]);
-  }
+  parallel_ranges(blocks, n >= kParallelMinElements, [&](int64_t blk_begin, int64_t blk_end) {
+    for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
+      const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
+      HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, out + i0);
+      if (bf16_out)
+        for (int64_t i = i0; i < i0 + m; ++i) out[i] = round_bf16(out[i]);
+    }
+  });
 }
 
 }  // namespace attnres

@@ -52,6 +52,7 @@
 #include "kernels/attnres.h"
 #include "kernels/bf16_hwy-inl.h"
 #include "util/cpu.h"
+#include "util/parallel.h"
 
 // Defined once although foreach_target.h includes this file once per target.
 #ifndef ATTNRES_KERNELS_ATTNRES_HWY_ONCE_
@@ -691,8 +692,8 @@ void StepImpl(const AttnResStepArgs<T>& a) {
   }
 #endif
   std::atomic<int64_t> counter{0};
-#pragma omp parallel if (tokens * a.dim >= kAttnResParallelMinElements)
-  {
+  const int64_t team = tokens * a.dim >= kAttnResParallelMinElements ? parallel_threads() : 1;
+  parallel_tasks(team, [&](int64_t) {
     int64_t t = counter.fetch_add(kChunk, std::memory_order_relaxed);
     int64_t end = std::min(t + kChunk, tokens);
     int64_t following = -1;  // first row of this thread's next chunk; -1: not claimed yet
@@ -713,7 +714,7 @@ void StepImpl(const AttnResStepArgs<T>& a) {
         following = -1;
       }
     }
-  }
+  });
 }
 
 void AttnResStepBf16(const AttnResStepArgs<bf16>& a) {

@@ -8,6 +8,7 @@
 #include "kernels/activation.h"
 #include "kernels/conv_gate.h"
 #include "kernels/parallel.h"
+#include "util/parallel.h"
 
 namespace attnres {
 
@@ -15,22 +16,23 @@ void causal_conv1d_silu_ref(const float* x, int64_t T, int64_t C, const float* w
                             float* state, float* y) {
   assert(W >= 1 && W <= kMaxConvWidth);
   const int hist = W - 1;
-#pragma omp parallel for schedule(static) if (T * C * W > kParallelMinWork)
-  for (int64_t c = 0; c < C; ++c) {
-    // window[0..hist-1] = the previous hist inputs (oldest first), window[hist] = current.
-    float window[kMaxConvWidth];
-    float* st = state + c * hist;
-    for (int j = 0; j < hist; ++j) window[j] = st[j];
-    const float* w = weight + c * W;
-    for (int64_t t = 0; t < T; ++t) {
-      window[hist] = x[t * C + c];  // read before the (possibly aliased) write below
-      float acc = 0.0f;
-      for (int j = 0; j < W; ++j) acc += w[j] * window[j];
-      y[t * C + c] = siluf(acc);
-      for (int j = 0; j < hist; ++j) window[j] = window[j + 1];
+  parallel_ranges(C, T * C * W > kParallelMinWork, [&](int64_t c_begin, int64_t c_end) {
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      // window[0..hist-1] = the previous hist inputs (oldest first), window[hist] = current.
+      float window[kMaxConvWidth];
+      float* st = state + c * hist;
+      for (int j = 0; j < hist; ++j) window[j] = st[j];
+      const float* w = weight + c * W;
+      for (int64_t t = 0; t < T; ++t) {
+        window[hist] = x[t * C + c];  // read before the (possibly aliased) write below
+        float acc = 0.0f;
+        for (int j = 0; j < W; ++j) acc += w[j] * window[j];
+        y[t * C + c] = siluf(acc);
+        for (int j = 0; j < hist; ++j) window[j] = window[j + 1];
+      }
+      for (int j = 0; j < hist; ++j) st[j] = window[j];
     }
-    for (int j = 0; j < hist; ++j) st[j] = window[j];
-  }
+  });
 }
 
 void kda_gate_ref(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,

@@ -30,7 +30,7 @@
 #include "kernels/conv_gate.h"
 #include "kernels/parallel.h"
 #include "kernels/rowops_hwy-inl.h"
-#include "kernels/static_ranges.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {

@@ -40,6 +40,7 @@
 
 #include "kernels/kda.h"
 #include "kernels/parallel.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -464,11 +465,12 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
     return;
   }
   const auto head = HWY_DYNAMIC_DISPATCH(KdaRecurrentHead);
-#pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
-  for (int64_t h = 0; h < H; ++h) {
-    float at[kMaxDk];
-    head(q, k, v, g, beta, T, H, h, dk, dv, state + h * dk * dv, o, at);
-  }
+  parallel_ranges(H, T * H * dk * dv > kParallelMinWork, [&](int64_t h_begin, int64_t h_end) {
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      float at[kMaxDk];
+      head(q, k, v, g, beta, T, H, h, dk, dv, state + h * dk * dv, o, at);
+    }
+  });
 }
 
 void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
@@ -480,9 +482,11 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
   assert(per_head >= chunk * (4 * dk + chunk + dv + 1) + dk + nb * (chunk * dk + 1));
   (void)nb;
   const auto head = HWY_DYNAMIC_DISPATCH(KdaChunkedHead);
-#pragma omp parallel for schedule(static) if (T * H * dk * dv > kParallelMinWork)
-  for (int64_t h = 0; h < H; ++h)
-    head(q, k, v, g, beta, T, H, h, dk, dv, chunk, state + h * dk * dv, o, scratch + h * per_head);
+  parallel_ranges(H, T * H * dk * dv > kParallelMinWork, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h)
+      head(q, k, v, g, beta, T, H, h, dk, dv, chunk, state + h * dk * dv, o,
+           scratch + h * per_head);
+  });
 }
 
 }  // namespace attnres

@@ -51,10 +51,7 @@
 
 #include "kernels/matmul.h"
 #include "util/cpu.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -466,17 +463,9 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, co
   // per-element arithmetic does not (see the header).
   const int64_t g = TN * P, groups = (N + g - 1) / g;
   const bool parallel = T * N * K >= kParallelMinMacs && groups > 1;
-#pragma omp parallel if (parallel)
-  {
-    int64_t id = 0, nt = 1;
-#ifdef _OPENMP
-    id = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
-    const int64_t range_begin = groups * id / nt * g;
-    const int64_t range_end = std::min(N, groups * (id + 1) / nt * g);
-    DriveRange<TM, TN>(T, K, bytes_per_row, P, range_begin, range_end, tile);
-  }
+  parallel_ranges(groups, parallel, [&](int64_t g0, int64_t g1) {
+    DriveRange<TM, TN>(T, K, bytes_per_row, P, g0 * g, std::min(N, g1 * g), tile);
+  });
 }
 
 template <class Rows, class Tokens>
@@ -813,27 +802,25 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   }
   if (total == 0) return;
   const bool parallel = total >= kParallelMinMacs && units > 1;
+  const int64_t nt = parallel ? parallel_threads() : 1;
+  if (nt == 1) {
+    RunCostRange(jobs, n_jobs, 0, total);
+    return;
+  }
+  // One task per thread; each grabs ranges until the axis is used up (a thread that starts
+  // late finds nothing left and returns at once).
   std::atomic<int64_t> next{0};
-#pragma omp parallel if (parallel)
-  {
-    int64_t nt = 1;
-#ifdef _OPENMP
-    nt = omp_get_num_threads();
-#endif
-    if (nt == 1) {
-      RunCostRange(jobs, n_jobs, 0, total);
-    } else {
-      const int64_t min_size = std::max<int64_t>(1, total / (kMinChunksPerThread * nt));
-      int64_t lo = next.load(std::memory_order_relaxed);
-      while (lo < total) {  // a failed exchange reloads lo
-        const int64_t hi = std::min(total, lo + std::max(min_size, (total - lo) / (2 * nt)));
-        if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
-          RunCostRange(jobs, n_jobs, lo, hi);
-          lo = next.load(std::memory_order_relaxed);
-        }
+  const int64_t min_size = std::max<int64_t>(1, total / (kMinChunksPerThread * nt));
+  parallel_tasks(nt, [&](int64_t) {
+    int64_t lo = next.load(std::memory_order_relaxed);
+    while (lo < total) {  // a failed exchange reloads lo
+      const int64_t hi = std::min(total, lo + std::max(min_size, (total - lo) / (2 * nt)));
+      if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
+        RunCostRange(jobs, n_jobs, lo, hi);
+        lo = next.load(std::memory_order_relaxed);
       }
     }
-  }
+  });
 }
 
 int64_t ChosenTarget() {

@@ -7,6 +7,7 @@
 
 #include "kernels/matmul.h"
 #include "util/numeric.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
@@ -59,24 +60,27 @@ int64_t mla_expanded_scratch_floats(int64_t N, int64_t T) {
 void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const float* kv,
                              const float* k_rot, int64_t N, float* o, float* scratch) {
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v;
-#pragma omp parallel for schedule(static) if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
-  for (int64_t t = 0; t < T; ++t) {
-    float* s = scratch + t * N;  // [N] scores of token t (reused across heads)
-    const int64_t n_ctx = P + t + 1;
-    for (int64_t h = 0; h < d.H; ++h) {
-      const float* qt = q + (t * d.H + h) * qw;
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        const float* kj = kv + (j * d.H + h) * kvw;
-        const float* kr = k_rot + j * d.rope;
-        s[j] = (dot_lanes(qt, kj, d.nope) + dot_lanes(qt + d.nope, kr, d.rope)) * d.scale;
-      }
-      softmax_inplace(s, n_ctx);
-      // o = sum_j p_j v_j, row by row (each ot[e] sums its terms in increasing j).
-      float* ot = o + (t * d.H + h) * d.v;
-      for (int64_t e = 0; e < d.v; ++e) ot[e] = 0.0f;
-      for (int64_t j = 0; j < n_ctx; ++j) axpy_w(s[j], kv + (j * d.H + h) * kvw + d.nope, ot, d.v);
-    }
-  }
+  parallel_ranges(
+      T, T * N * d.H * (d.nope + d.v) > kParallelMinWork, [&](int64_t t_begin, int64_t t_end) {
+        for (int64_t t = t_begin; t < t_end; ++t) {
+          float* s = scratch + t * N;  // [N] scores of token t (reused across heads)
+          const int64_t n_ctx = P + t + 1;
+          for (int64_t h = 0; h < d.H; ++h) {
+            const float* qt = q + (t * d.H + h) * qw;
+            for (int64_t j = 0; j < n_ctx; ++j) {
+              const float* kj = kv + (j * d.H + h) * kvw;
+              const float* kr = k_rot + j * d.rope;
+              s[j] = (dot_lanes(qt, kj, d.nope) + dot_lanes(qt + d.nope, kr, d.rope)) * d.scale;
+            }
+            softmax_inplace(s, n_ctx);
+            // o = sum_j p_j v_j, row by row (each ot[e] sums its terms in increasing j).
+            float* ot = o + (t * d.H + h) * d.v;
+            for (int64_t e = 0; e < d.v; ++e) ot[e] = 0.0f;
+            for (int64_t j = 0; j < n_ctx; ++j)
+              axpy_w(s[j], kv + (j * d.H + h) * kvw + d.nope, ot, d.v);
+          }
+        }
+      });
 }
 
 namespace {
@@ -118,36 +122,38 @@ void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const 
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n_ctx = P + t + 1;
     // q_lat[h] = W_UK[h]^T q_nope[h] (rows h*kvw + i of kv_b_proj, summed in increasing i).
-#pragma omp parallel for schedule(static) if (H * d.nope * r > kParallelMinWork)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qt = q + (t * H + h) * qw;
-      float* ql = q_lat + h * r;
-      for (int64_t c = 0; c < r; ++c) ql[c] = 0.0f;
-      for (int64_t i = 0; i < d.nope; ++i) {
-        const int64_t wrow = (h * kvw + i) * r;
-        if (wbf16)
-          axpy_w(qt[i], kv_b_proj.as<bf16>() + wrow, ql, r);
-        else
-          axpy_w(qt[i], kv_b_proj.as<float>() + wrow, ql, r);
+    parallel_ranges(H, H * d.nope * r > kParallelMinWork, [&](int64_t h_begin, int64_t h_end) {
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        const float* qt = q + (t * H + h) * qw;
+        float* ql = q_lat + h * r;
+        for (int64_t c = 0; c < r; ++c) ql[c] = 0.0f;
+        for (int64_t i = 0; i < d.nope; ++i) {
+          const int64_t wrow = (h * kvw + i) * r;
+          if (wbf16)
+            axpy_w(qt[i], kv_b_proj.as<bf16>() + wrow, ql, r);
+          else
+            axpy_w(qt[i], kv_b_proj.as<float>() + wrow, ql, r);
+        }
+        for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
       }
-      for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
-    }
+    });
     // Scores of every head against the context: [H, r] x c_kv[n_ctx, r]^T and
     // [H, rope] x k_rot[n_ctx, rope]^T, one batch (c_kv / k_rot rows act as weight rows).
     jobs[0] = f32_job(q_lat, H, c_kv, n_ctx, r, s_lat);
     jobs[1] = f32_job(q_rot, H, k_rot, n_ctx, d.rope, s_rot);
     matmul_batch(jobs, d.rope > 0 ? 2 : 1);
     // Softmax and o_lat[h] = sum_j p_j c_kv_j (in increasing j), one head per thread.
-#pragma omp parallel for schedule(static) if (H * n_ctx * r > kParallelMinWork)
-    for (int64_t h = 0; h < H; ++h) {
-      float* s = s_lat + h * n_ctx;  // the [H, n_ctx] rows of the batch output
-      const float* sr = s_rot + h * n_ctx;
-      for (int64_t j = 0; j < n_ctx; ++j) s[j] = (s[j] + (d.rope > 0 ? sr[j] : 0.0f)) * d.scale;
-      softmax_inplace(s, n_ctx);
-      float* ol = o_lat + h * r;
-      for (int64_t c = 0; c < r; ++c) ol[c] = 0.0f;
-      for (int64_t j = 0; j < n_ctx; ++j) axpy_w(s[j], c_kv + j * r, ol, r);
-    }
+    parallel_ranges(H, H * n_ctx * r > kParallelMinWork, [&](int64_t h_begin, int64_t h_end) {
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        float* s = s_lat + h * n_ctx;  // the [H, n_ctx] rows of the batch output
+        const float* sr = s_rot + h * n_ctx;
+        for (int64_t j = 0; j < n_ctx; ++j) s[j] = (s[j] + (d.rope > 0 ? sr[j] : 0.0f)) * d.scale;
+        softmax_inplace(s, n_ctx);
+        float* ol = o_lat + h * r;
+        for (int64_t c = 0; c < r; ++c) ol[c] = 0.0f;
+        for (int64_t j = 0; j < n_ctx; ++j) axpy_w(s[j], c_kv + j * r, ol, r);
+      }
+    });
     // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
     for (int64_t h = 0; h < H; ++h)
       jobs[h] =

@@ -40,6 +40,7 @@
 #include "kernels/mla.h"
 #include "kernels/parallel.h"
 #include "util/numeric.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -399,11 +400,14 @@ void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const floa
   const auto item = HWY_DYNAMIC_DISPATCH(ExpandedItem);
   const int64_t items = HWY_DYNAMIC_DISPATCH(ExpandedItems)(T);
   // Heads in turn, the query blocks of a head split over the threads (each block's score rows
-  // are its own tokens' scratch rows); the loop's barrier separates heads.
-#pragma omp parallel if (T * N * d.H * (d.nope + d.v) > kParallelMinWork)
+  // are its own tokens' scratch rows, so heads must not overlap: one region per head).
+  const bool parallel = T * N * d.H * (d.nope + d.v) > kParallelMinWork;
   for (int64_t h = 0; h < d.H; ++h) {
-#pragma omp for schedule(static, 1)
-    for (int64_t b = 0; b < items; ++b) item(d, q, T, kv, k_rot, N, h, b, o, scratch);
+    if (parallel && items > 1) {
+      parallel_tasks(items, [&](int64_t b) { item(d, q, T, kv, k_rot, N, h, b, o, scratch); });
+    } else {
+      for (int64_t b = 0; b < items; ++b) item(d, q, T, kv, k_rot, N, h, b, o, scratch);
+    }
   }
 }
 
@@ -443,16 +447,17 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRow
   const int64_t ncb = (r + cbw - 1) / cbw;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n_ctx = P + t + 1;
-#pragma omp parallel for schedule(static) if (H * d.nope * r > kParallelMinWork)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qt = q + (t * H + h) * qw;
-      const int64_t wrow = h * kvw * r;
-      if (wbf16)
-        qlat_bf16(d, qt, kv_b_proj.as<bf16>() + wrow, q_lat + h * r);
-      else
-        qlat_f32(d, qt, kv_b_proj.as<float>() + wrow, q_lat + h * r);
-      for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
-    }
+    parallel_ranges(H, H * d.nope * r > kParallelMinWork, [&](int64_t h_begin, int64_t h_end) {
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        const float* qt = q + (t * H + h) * qw;
+        const int64_t wrow = h * kvw * r;
+        if (wbf16)
+          qlat_bf16(d, qt, kv_b_proj.as<bf16>() + wrow, q_lat + h * r);
+        else
+          qlat_f32(d, qt, kv_b_proj.as<float>() + wrow, q_lat + h * r);
+        for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
+      }
+    });
     // Scores of every head against the context in one batch, one job per context page (c_kv /
     // k_rot rows act as weight rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x
     // k_rot[n_ctx, rope]^T into the [H, n_ctx] score rows.
@@ -468,15 +473,15 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRow
     }
     matmul_batch(jobs, nj);
     // Softmax per head, then o_lat = p c_kv split over column blocks of c_kv.
-#pragma omp parallel if (H * n_ctx * r > kParallelMinWork)
-    {
-#pragma omp for schedule(static)
-      for (int64_t h = 0; h < H; ++h)
+    const bool parallel = H * n_ctx * r > kParallelMinWork;
+    parallel_ranges(H, parallel, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h)
         head_softmax(s_lat + h * n_ctx, d.rope > 0 ? s_rot + h * n_ctx : nullptr, n_ctx, d.scale);
-#pragma omp for schedule(static)
-      for (int64_t cb = 0; cb < ncb; ++cb)
+    });
+    parallel_ranges(ncb, parallel, [&](int64_t c0, int64_t c1) {
+      for (int64_t cb = c0; cb < c1; ++cb)
         olat_cols(s_lat, H, n_ctx, c_kv.pages, pr, r, cb * cbw, std::min(r, (cb + 1) * cbw), o_lat);
-    }
+    });
     // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
     for (int64_t h = 0; h < H; ++h)
       jobs[h] =

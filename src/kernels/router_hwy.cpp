@@ -25,7 +25,7 @@
 #include "kernels/parallel.h"
 #include "kernels/router.h"
 #include "kernels/rowops_hwy-inl.h"
-#include "kernels/static_ranges.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {

@@ -17,6 +17,7 @@
 #include "kernels/activation.h"
 #include "kernels/parallel.h"
 #include "kernels/rowops_hwy-inl.h"
+#include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
@@ -52,11 +53,12 @@ HWY_EXPORT(SiluMulSpan);
 void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
-    HWY_DYNAMIC_DISPATCH(SiluMulSpan)(gate + i0, up + i0, m, bf16_out, out + i0);
-  }
+  parallel_ranges(blocks, n > kParallelMinWork, [&](int64_t blk_begin, int64_t blk_end) {
+    for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
+      const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
+      HWY_DYNAMIC_DISPATCH(SiluMulSpan)(gate + i0, up + i0, m, bf16_out, out + i0);
+    }
+  });
 }
 
 }  // namespace attnres

@@ -5,6 +5,10 @@
 // of b's 64-bit words mod 2^64 (-> n times the bits of 4.0).
 #include "kernels/stream_probe.h"
 
+#include <atomic>
+
+#include "util/parallel.h"
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -16,12 +20,14 @@
 
 #include "util/cpu.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace attnres {
 namespace {
+
+// fn(begin, end) on `parts` contiguous parts of [0, n), one task each.
+template <typename Fn>
+void split(int64_t n, int parts, const Fn& fn) {
+  parallel_tasks(parts, [&](int64_t i) { fn(n * i / parts, n * (i + 1) / parts); });
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -30,24 +36,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads) {
-#ifdef _OPENMP
-  if (threads <= 0) threads = omp_get_max_threads();
-#else
-  threads = 1;
-#endif
+  if (threads <= 0) threads = parallel_threads();
   const int64_t n = static_cast<int64_t>(bytes / sizeof(uint64_t));
-  uint64_t acc = 0;
+  std::atomic<uint64_t> acc{0};
   // Integer adds (no floating-point assists on arbitrary bit patterns), eight independent
-  // partial sums per thread so add latency never caps a core's read rate; the same contiguous
-  // static partition as the kernels' `omp for schedule(static)`.
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-  {
-    int64_t begin = 0, end = n;
-#ifdef _OPENMP
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    begin = n * id / nt;
-    end = n * (id + 1) / nt;
-#endif
+  // partial sums per thread so add latency never caps a core's read rate; one contiguous part
+  // per thread.
+  split(n, threads, [&](int64_t begin, int64_t end) {
     uint64_t p[8] = {};
     int64_t i = begin;
     for (; i + 8 <= end; i += 8) {
@@ -61,10 +56,11 @@ uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads) {
       p[0] += w;
     }
     acc += ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-  }
+  });
+  uint64_t total = acc.load();
   for (size_t i = static_cast<size_t>(n) * sizeof(uint64_t); i < bytes; ++i)
-    acc += static_cast<uint64_t>(data[i]);
-  return acc;
+    total += static_cast<uint64_t>(data[i]);
+  return total;
 }
 
 size_t last_level_cache_bytes() {
@@ -82,11 +78,7 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
     return Status(ErrorCode::kInvalidArgument,
                   "stream_probe: array_bytes: expected >= 1024, found " + std::to_string(bytes));
   int threads = options.threads;
-#ifdef _OPENMP
-  if (threads <= 0) threads = omp_get_max_threads();
-#else
-  threads = 1;
-#endif
+  if (threads <= 0) threads = parallel_threads();
   const int64_t n = static_cast<int64_t>(bytes / sizeof(double));
   // Uninitialised on purpose: the first touch below places pages near the threads using them.
   std::unique_ptr<double[]> a(new (std::nothrow) double[n]);  // [n]
@@ -98,12 +90,13 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
   double* pa = a.get();
   double* pb = b.get();
   double* pc = c.get();
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) {
-    pa[i] = 1.0;
-    pb[i] = 0.0;
-    pc[i] = 0.0;
-  }
+  split(n, threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      pa[i] = 1.0;
+      pb[i] = 0.0;
+      pc[i] = 0.0;
+    }
+  });
 
   const double array = static_cast<double>(n) * sizeof(double);
   double best_copy = 1e30, best_triad = 1e30, best_read = 1e30;
@@ -112,13 +105,15 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
   // One untimed warm-up pass (page faults, frequency ramp), then `reps` timed passes.
   for (int rep = 0; rep <= options.reps; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < n; ++i) pc[i] = pa[i];
+    split(n, threads, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) pc[i] = pa[i];
+    });
     const double t_copy = seconds_since(t0);
 
     t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < n; ++i) pb[i] = pa[i] + s * pc[i];
+    split(n, threads, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) pb[i] = pa[i] + s * pc[i];
+    });
     const double t_triad = seconds_since(t0);
 
     t0 = std::chrono::steady_clock::now();
@@ -132,9 +127,12 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
     best_read = std::min(best_read, t_read);
   }
 
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : bad)
-  for (int64_t i = 0; i < n; ++i) bad += (pa[i] != 1.0) + (pc[i] != 1.0) + (pb[i] != 4.0);
+  std::atomic<int64_t> bad{0};
+  split(n, threads, [&](int64_t i0, int64_t i1) {
+    int64_t local = 0;
+    for (int64_t i = i0; i < i1; ++i) local += (pa[i] != 1.0) + (pc[i] != 1.0) + (pb[i] != 4.0);
+    bad += local;
+  });
   // The read pass sums 64-bit words (mod 2^64): n copies of the bits of 4.0.
   const uint64_t expect_sum = static_cast<uint64_t>(n) * std::bit_cast<uint64_t>(4.0);
   if (bad != 0 || sum != expect_sum)

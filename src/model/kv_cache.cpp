@@ -1,4 +1,5 @@
 #include "model/kv_cache.h"
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <cassert>
@@ -204,32 +205,33 @@ void SequenceCache::write(int m, int64_t p0, const float* c_kv, const float* k_r
 
 void SequenceCache::read(int m, int64_t n, float* c_kv, float* k_rot) const {
   const int64_t pt = pool_->page_tokens(), r = pool_->latent_rank(), R = pool_->rope_dim();
-#pragma omp parallel for schedule(static) if (n > 256)
-  for (int64_t pos = 0; pos < n; ++pos) {
-    const int64_t row = pos % pt;
-    const PageId page = pages_[static_cast<size_t>(pos / pt)];
-    float* dst[2] = {c_kv + pos * r, k_rot + pos * R};
-    const std::byte* src[2] = {pool_->c_kv(page, m), pool_->k_rot(page, m)};
-    const int64_t w[2] = {r, R};
-    for (int p = 0; p < 2; ++p) {
-      switch (pool_->dtype()) {
-        case KvCacheDtype::kBF16: {
-          const bf16* in = reinterpret_cast<const bf16*>(src[p]) + row * w[p];
-          for (int64_t i = 0; i < w[p]; ++i) dst[p][i] = bf16_to_f32(in[i]);
-          break;
+  parallel_ranges(n, n > 256, [&](int64_t pos_begin, int64_t pos_end) {
+    for (int64_t pos = pos_begin; pos < pos_end; ++pos) {
+      const int64_t row = pos % pt;
+      const PageId page = pages_[static_cast<size_t>(pos / pt)];
+      float* dst[2] = {c_kv + pos * r, k_rot + pos * R};
+      const std::byte* src[2] = {pool_->c_kv(page, m), pool_->k_rot(page, m)};
+      const int64_t w[2] = {r, R};
+      for (int p = 0; p < 2; ++p) {
+        switch (pool_->dtype()) {
+          case KvCacheDtype::kBF16: {
+            const bf16* in = reinterpret_cast<const bf16*>(src[p]) + row * w[p];
+            for (int64_t i = 0; i < w[p]; ++i) dst[p][i] = bf16_to_f32(in[i]);
+            break;
+          }
+          case KvCacheDtype::kFP8: {
+            const float scale = pool_->scales(page, m)[row * 2 + p];
+            const uint8_t* in = reinterpret_cast<const uint8_t*>(src[p]) + row * w[p];
+            for (int64_t i = 0; i < w[p]; ++i) dst[p][i] = fp8_e4m3_to_f32(in[i]) * scale;
+            break;
+          }
+          default:
+            std::memcpy(dst[p], reinterpret_cast<const float*>(src[p]) + row * w[p],
+                        sizeof(float) * static_cast<size_t>(w[p]));
         }
-        case KvCacheDtype::kFP8: {
-          const float scale = pool_->scales(page, m)[row * 2 + p];
-          const uint8_t* in = reinterpret_cast<const uint8_t*>(src[p]) + row * w[p];
-          for (int64_t i = 0; i < w[p]; ++i) dst[p][i] = fp8_e4m3_to_f32(in[i]) * scale;
-          break;
-        }
-        default:
-          std::memcpy(dst[p], reinterpret_cast<const float*>(src[p]) + row * w[p],
-                      sizeof(float) * static_cast<size_t>(w[p]));
       }
     }
-  }
+  });
 }
 
 template <typename T>

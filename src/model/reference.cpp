@@ -7,38 +7,40 @@
 
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
+#include "util/parallel.h"
 
 namespace attnres {
 
 void model_attnres_read(const float* const* sources, int S, const float* q, int64_t T, int64_t d,
                         float eps, bool bf16_out, float* out) {
-#pragma omp parallel for schedule(static) if (T * d * S > kParallelMinWork)
-  for (int64_t t = 0; t < T; ++t) {
-    float p[kMaxReadSources];
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < S; ++j) {
-      const float* v = sources[j] + t * d;
-      float dot = 0.0f, ss = 0.0f;
-      for (int64_t i = 0; i < d; ++i) {
-        dot += v[i] * q[i];
-        ss += v[i] * v[i];
+  parallel_ranges(T, T * d * S > kParallelMinWork, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      float p[kMaxReadSources] = {};
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < S; ++j) {
+        const float* v = sources[j] + t * d;
+        float dot = 0.0f, ss = 0.0f;
+        for (int64_t i = 0; i < d; ++i) {
+          dot += v[i] * q[i];
+          ss += v[i] * v[i];
+        }
+        p[j] = dot / std::sqrt(ss / static_cast<float>(d) + eps);
+        mx = std::max(mx, p[j]);
       }
-      p[j] = dot / std::sqrt(ss / static_cast<float>(d) + eps);
-      mx = std::max(mx, p[j]);
+      float sum = 0.0f;
+      for (int j = 0; j < S; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+      }
+      for (int j = 0; j < S; ++j) p[j] /= sum;
+      float* o = out + t * d;
+      for (int64_t i = 0; i < d; ++i) {
+        float acc = 0.0f;
+        for (int j = 0; j < S; ++j) acc += p[j] * sources[j][t * d + i];
+        o[i] = bf16_out ? round_bf16(acc) : acc;
+      }
     }
-    float sum = 0.0f;
-    for (int j = 0; j < S; ++j) {
-      p[j] = std::exp(p[j] - mx);
-      sum += p[j];
-    }
-    for (int j = 0; j < S; ++j) p[j] /= sum;
-    float* o = out + t * d;
-    for (int64_t i = 0; i < d; ++i) {
-      float acc = 0.0f;
-      for (int j = 0; j < S; ++j) acc += p[j] * sources[j][t * d + i];
-      o[i] = bf16_out ? round_bf16(acc) : acc;
-    }
-  }
+  });
 }
 
 namespace {

@@ -8,7 +8,10 @@
 
 #include "kernels/attnres.h"
 #include "plan/harness.h"
+
+#include <atomic>
 #include "plan/standin.h"
+#include "util/parallel.h"
 #include "util/random.h"
 
 namespace attnres {
@@ -37,22 +40,28 @@ size_t peak_rss_bytes() {
   return 0;
 }
 
+template <typename U>
+int64_t count_differences(const U* x, const U* y, int64_t n) {
+  std::atomic<int64_t> bad{0};
+  parallel_ranges(n, n >= kAttnResParallelMinElements, [&](int64_t b, int64_t e) {
+    int64_t local = 0;
+    for (int64_t i = b; i < e; ++i) local += x[i] != y[i];
+    bad += local;
+  });
+  return bad.load();
+}
+
 // Elements whose bits differ (a and b have the same dtype and shape).
 int64_t count_mismatches(const ActView& a, const ActView& b) {
   const int64_t n = a.numel();
-  int64_t bad = 0;
   if (a.dtype == ActDType::kBF16) {
     const uint16_t* x = reinterpret_cast<const uint16_t*>(a.data);
     const uint16_t* y = reinterpret_cast<const uint16_t*>(b.data);
-#pragma omp parallel for schedule(static) reduction(+ : bad) if (n >= kAttnResParallelMinElements)
-    for (int64_t i = 0; i < n; ++i) bad += x[i] != y[i];
-  } else {
-    const uint32_t* x = reinterpret_cast<const uint32_t*>(a.data);
-    const uint32_t* y = reinterpret_cast<const uint32_t*>(b.data);
-#pragma omp parallel for schedule(static) reduction(+ : bad) if (n >= kAttnResParallelMinElements)
-    for (int64_t i = 0; i < n; ++i) bad += x[i] != y[i];
+    return count_differences(x, y, n);
   }
-  return bad;
+  const uint32_t* x = reinterpret_cast<const uint32_t*>(a.data);
+  const uint32_t* y = reinterpret_cast<const uint32_t*>(b.data);
+  return count_differences(x, y, n);
 }
 
 int64_t bank_mismatches(const Executor& a, const Executor& b) {
@@ -101,19 +110,20 @@ StandInModel::StandInModel(int layers, bool attnres, int64_t dim, uint64_t seed)
 Status StandInModel::embed(std::span<const int32_t> tokens, const ActView& out) {
   const int64_t d = dim_;
   const int64_t T = static_cast<int64_t>(tokens.size());
-#pragma omp parallel for schedule(static) if (T * d >= kAttnResParallelMinElements)
-  for (int64_t t = 0; t < T; ++t) {
-    const uint64_t base = mix(static_cast<uint64_t>(tokens[static_cast<size_t>(t)]) << 20);
-    for (int64_t j = 0; j < d; ++j) {
-      const uint64_t h = mix(base ^ static_cast<uint64_t>(j));
-      const float x = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
-      if (out.dtype == ActDType::kBF16) {
-        out.bf16_data()[t * d + j] = f32_to_bf16(x);
-      } else {
-        out.f32_data()[t * d + j] = x;
+  parallel_ranges(T, T * d >= kAttnResParallelMinElements, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const uint64_t base = mix(static_cast<uint64_t>(tokens[static_cast<size_t>(t)]) << 20);
+      for (int64_t j = 0; j < d; ++j) {
+        const uint64_t h = mix(base ^ static_cast<uint64_t>(j));
+        const float x = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+        if (out.dtype == ActDType::kBF16) {
+          out.bf16_data()[t * d + j] = f32_to_bf16(x);
+        } else {
+          out.f32_data()[t * d + j] = x;
+        }
       }
     }
-  }
+  });
   return Status::ok();
 }
 

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "util/numeric.h"
+#include "util/parallel.h"
 #include "util/random.h"
 
 namespace attnres {
@@ -173,29 +174,30 @@ void fill_tensor(const std::string& canon, DType dtype, const std::vector<int64_
   const bool packed = ends_with(canon, "weight_packed");
   const bool scales = ends_with(canon, "weight_scale");
   const int64_t chunks = (numel + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    SplitMix64 rng{base + static_cast<uint64_t>(c) * 0xd1b54a32d192ed03ull};
-    const int64_t end = std::min(numel, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) {
-      if (packed) {
-        out[i] = static_cast<std::byte>(rng.next() & 0xff);
-        continue;
-      }
-      if (scales) {
-        out[i] = static_cast<std::byte>(e8m0_base + static_cast<int>(rng.next() & 1));
-        continue;
-      }
-      float v = exp_of_uniform ? std::log(1.0f + 7.5f * (rng.uniform(-1.0f, 1.0f) + 1.0f))
-                               : offset + scale * rng.uniform(-1.0f, 1.0f);
-      if (dtype == DType::kF32) {
-        std::memcpy(out + i * 4, &v, 4);
-      } else {
-        const bf16 b = f32_to_bf16(v);
-        std::memcpy(out + i * 2, &b.bits, 2);
+  parallel_ranges(chunks, chunks > 1, [&](int64_t c_begin, int64_t c_end) {
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      SplitMix64 rng{base + static_cast<uint64_t>(c) * 0xd1b54a32d192ed03ull};
+      const int64_t end = std::min(numel, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) {
+        if (packed) {
+          out[i] = static_cast<std::byte>(rng.next() & 0xff);
+          continue;
+        }
+        if (scales) {
+          out[i] = static_cast<std::byte>(e8m0_base + static_cast<int>(rng.next() & 1));
+          continue;
+        }
+        float v = exp_of_uniform ? std::log(1.0f + 7.5f * (rng.uniform(-1.0f, 1.0f) + 1.0f))
+                                 : offset + scale * rng.uniform(-1.0f, 1.0f);
+        if (dtype == DType::kF32) {
+          std::memcpy(out + i * 4, &v, 4);
+        } else {
+          const bf16 b = f32_to_bf16(v);
+          std::memcpy(out + i * 2, &b.bits, 2);
+        }
       }
     }
-  }
+  });
 }
 
 std::string published_name(const std::string& canon) {

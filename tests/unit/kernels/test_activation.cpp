@@ -3,7 +3,7 @@
 // (including saturated tanh and sigmoid), lengths off the vector width, in place, bf16 output;
 // and position/thread-count independence (an element's value depends only on its inputs).
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <cmath>
 #include <cstdint>
@@ -79,19 +79,19 @@ TEST(Situ, SaturatedAndSpecialInputs) {
 // An element's value depends only on its inputs: the same pairs at other offsets, inside
 // longer arrays (other vector lanes, other blocks) and with 1, 2 or 3 threads give the same bits.
 TEST(Situ, PositionAndThreadCountInvariant) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   std::vector<float> g, u;
   random_inputs(70001, 9, g, u);  // above the parallel cutoff, not a multiple of any width
   std::vector<float> base(g.size());
-  omp_set_num_threads(1);
+  set_parallel_threads(1);
   situ(g.data(), u.data(), static_cast<int64_t>(g.size()), kBeta, kLinearBeta, false, base.data());
   for (int threads : {2, 3}) {
-    omp_set_num_threads(threads);
+    set_parallel_threads(threads);
     std::vector<float> y(g.size());
     situ(g.data(), u.data(), static_cast<int64_t>(g.size()), kBeta, kLinearBeta, false, y.data());
     EXPECT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float))) << threads;
   }
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   for (int64_t off : {1, 5, 13}) {
     const int64_t n = 37;
     std::vector<float> y(static_cast<size_t>(n));

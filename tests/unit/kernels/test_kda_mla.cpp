@@ -20,7 +20,7 @@
 //    |o - o_ref| <= (2 e + lambda sqrt(N + 4) u) max|v|. Absorbed adds two rank-r products
 //    (q_lat = W_UK^T q_nope and o = W_UV o_lat), each within lambda sqrt(r) u sum |terms|.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -241,13 +241,13 @@ TEST(KdaSimd, SplitSequenceIsBitwiseTheSame) {
 }
 
 TEST(KdaSimd, ThreadCountInvariant) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   const KdaCase c(70, 3, 128, 128, 123);  // above the parallel cutoff in both kernels
-  omp_set_num_threads(1);
+  set_parallel_threads(1);
   const KdaOut r1 = run_recurrent(c, false), c1 = run_chunked(c, 64, false);
-  omp_set_num_threads(2);
+  set_parallel_threads(2);
   const KdaOut r2 = run_recurrent(c, false), c2 = run_chunked(c, 64, false);
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   EXPECT_EQ(0, std::memcmp(r1.o.data(), r2.o.data(), r1.o.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(r1.s.data(), r2.s.data(), r1.s.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(c1.o.data(), c2.o.data(), c1.o.size() * sizeof(float)));
@@ -446,14 +446,14 @@ TEST(MlaSimd, AbsorbedBf16ContextInPlaceEqualsWidened) {
 }
 
 TEST(MlaSimd, ThreadCountInvariant) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   const MlaCase c(8, 64, 16, 64, 256, 100, 100, 77);  // above both kernels' parallel cutoffs
   const MlaCase a(8, 64, 16, 64, 256, 100, 1, 78);
-  omp_set_num_threads(1);
+  set_parallel_threads(1);
   const std::vector<float> e1 = c.expanded(false), a1 = a.absorbed(false, true);
-  omp_set_num_threads(2);
+  set_parallel_threads(2);
   const std::vector<float> e2 = c.expanded(false), a2 = a.absorbed(false, true);
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   EXPECT_EQ(0, std::memcmp(e1.data(), e2.data(), e1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)));
 }

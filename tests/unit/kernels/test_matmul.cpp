@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <hwy/highway.h>
 #include <hwy/targets.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <cmath>
 #include <cstdint>
@@ -248,14 +248,14 @@ TEST(Mxfp4Matmul, ExtremeScalesAndNegativeZero) {
 // Results must not depend on the thread count: 1 vs 2 vs 3 OpenMP threads, bitwise. Shapes are
 // above the kernels' serial cutoff (T N K >= 2^18) so the parallel partition is exercised.
 TEST(Matmul, ThreadCountInvariant) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   const Shape s{11, 130, 300};
   const DenseCase c = make_dense(s, /*integers=*/false, 7);
   const Mxfp4Case q = make_mxfp4({11, 130, 320}, /*integers=*/false, 110, 140, 8);
   for_each_matmul_target([&] {
     std::vector<float> ref[3];  // with 1 thread: f32, bf16, mxfp4
     for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      set_parallel_threads(threads);
       std::vector<float> out[3];
       int i = 0;
       for (DType d : {DType::kF32, DType::kBF16}) {
@@ -275,7 +275,7 @@ TEST(Matmul, ThreadCountInvariant) {
       }
     }
   });
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 // A token's outputs are bitwise the same whether it is decoded alone (T = 1, GEMV) or sits in
@@ -354,7 +354,7 @@ TEST(MatmulBf16Act, ExactOnIntegerDataAndWithinBoundOnRandom) {
 }
 
 TEST(MatmulBf16Act, ThreadCountInvariantAndDecodeMatchesPrefill) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   const Shape s{12, 130, 300};  // above the serial cutoff
   const DenseCase c = make_dense(s, /*integers=*/false, 13);
   const std::vector<bf16> xb = to_bf16(c.x);
@@ -362,7 +362,7 @@ TEST(MatmulBf16Act, ThreadCountInvariantAndDecodeMatchesPrefill) {
     for (DType d : {DType::kF32, DType::kBF16}) {
       std::vector<float> ref;
       for (int threads : {1, 2, 3}) {
-        omp_set_num_threads(threads);
+        set_parallel_threads(threads);
         std::vector<float> y(static_cast<size_t>(s.T * s.N));
         matmul_bf16(xb.data(), s.T, c.view(d), y.data());
         if (threads == 1) {
@@ -379,7 +379,7 @@ TEST(MatmulBf16Act, ThreadCountInvariantAndDecodeMatchesPrefill) {
       }
     }
   });
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 TEST(MatmulBf16Act, UsesDotProductWhenTheCpuHasAvx512Bf16) {

@@ -3,7 +3,7 @@
 // Highway target this CPU supports and for 1, 2 and 3 OpenMP threads; the scalar twin must agree
 // with the single-call references; integer data (exact partial sums) must match it bitwise.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <bit>
 #include <cmath>
@@ -117,12 +117,12 @@ void expect_bitwise(const std::vector<std::vector<float>>& a,
 }
 
 TEST(MatmulBatch, EqualsSingleCallsBitwiseForAnyThreadCount) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   const Batch b(/*integers=*/false, 3);
   for_each_target([&] {
     const auto expected = b.single(/*ref=*/false);
     for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      set_parallel_threads(threads);
       auto y = b.outputs();
       const auto jobs = b.jobs(y);
       matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
@@ -130,7 +130,7 @@ TEST(MatmulBatch, EqualsSingleCallsBitwiseForAnyThreadCount) {
       EXPECT_EQ(y[4][0], -7.0f) << "a T = 0 job must not write";
     }
   });
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 TEST(MatmulBatch, ReferenceEqualsSingleReferences) {
@@ -156,7 +156,7 @@ TEST(MatmulBatch, ExactOnIntegerData) {
 
 // Many tiny jobs (each far below the serial cutoff, together above it) still cover every row.
 TEST(MatmulBatch, ManySmallJobs) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   constexpr int64_t kJobs = 40, N = 7, K = 1000;
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -169,7 +169,7 @@ TEST(MatmulBatch, ManySmallJobs) {
   std::vector<float> expected(kJobs * N);
   for (int64_t j = 0; j < kJobs; ++j) matmul(x.data(), 1, views[j], expected.data() + j * N);
   for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
+    set_parallel_threads(threads);
     std::vector<float> y(kJobs * N, -1.0f);
     std::vector<MatmulJob> jobs;
     for (int64_t j = 0; j < kJobs; ++j)
@@ -178,7 +178,7 @@ TEST(MatmulBatch, ManySmallJobs) {
     EXPECT_EQ(0, std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)))
         << threads << " threads";
   }
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 // bf16_exact_copy accepts exactly the bf16-representable values.
@@ -206,7 +206,7 @@ TEST(MatmulBatch, Bf16ExactCopy) {
 // A BF16-weight job given its input as bf16 (xh) computes what matmul_bf16 computes, bitwise,
 // for any thread count and batch grouping; jobs of other kinds ignore xh.
 TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   constexpr int64_t T = 3, K = 331, N = 150;
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -224,7 +224,7 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
     matmul(x.data(), T, v32, e32.data());
     matmul_bf16_ref(xh.data(), T, v16, ref.data());
     for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      set_parallel_threads(threads);
       std::vector<float> y16(T * N, -1.0f), y32(T * N, -1.0f), y1(N, -1.0f);
       MatmulJob jobs[3] = {dense_job(x.data(), T, v16, y16.data()),
                            dense_job(x.data(), T, v32, y32.data()),
@@ -240,7 +240,7 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
       for (int64_t i = 0; i < T * N; ++i) EXPECT_NEAR(y16[i], ref[i], 1e-3f) << i;
     }
   });
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 // Decode walks weight rows shorter than a 4 KiB page in page-strided tiles (rows q, q + P, ...
@@ -251,7 +251,7 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
 // twin. Shapes: P = 2, 4, 16 and 64 (2 KiB, 1 KiB, 256 B and 64 B rows), row counts with whole
 // strided runs plus a ragged rest, serial and parallel.
 TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   struct Case {
     DType dtype;
     int64_t N, K;
@@ -290,7 +290,7 @@ TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
           EXPECT_EQ(0, std::memcmp(all_h.data(), ref.data(), all_h.size() * sizeof(float)));
         }
         for (int threads : {1, 2, 3}) {
-          omp_set_num_threads(threads);
+          set_parallel_threads(threads);
           for (int64_t t = 0; t < T; ++t) {
             const float* xt = x.data() + t * c.K;
             const bf16* xht = xh.data() + t * c.K;
@@ -317,14 +317,14 @@ TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
       });
     }
   }
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 // An MXFP4 job given its input as bf16 (xh): within the dot-product bound of the scalar twin, the
 // same bits for a token whether it runs alone (decode) or inside a T > 1 job, for any thread
 // count; NaN and infinite scaled weights propagate as in the reference.
 TEST(MatmulBatch, Bf16InputMxfp4Jobs) {
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   constexpr int64_t T = 5, K = 288, N = 37;
   std::mt19937 rng(10);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -343,7 +343,7 @@ TEST(MatmulBatch, Bf16InputMxfp4Jobs) {
   for_each_target([&] {
     std::vector<float> first;
     for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      set_parallel_threads(threads);
       std::vector<float> y(T * N, -1.0f), y1(N, -1.0f);
       MatmulJob jobs[2] = {
           mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data()),
@@ -372,7 +372,7 @@ TEST(MatmulBatch, Bf16InputMxfp4Jobs) {
       }
     }
   });
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 // from the documented error of Highway's Exp (<= 1 ulp) and Log1p (<= 2 ulp) against glibc's
 // expf / log1pf (< 1 ulp each), or from the reordering of a sum of squares.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <bit>
@@ -33,10 +33,10 @@ namespace {
 // Runs body with exactly `threads` OpenMP threads, restoring the previous setting.
 template <class Body>
 void with_threads(int threads, const Body& body) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
+  const int saved = parallel_threads();
+  set_parallel_threads(threads);
   body();
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 const int64_t kLengths[] = {1, 3, 15, 16, 17, 33, 127, 128, 1000, 7168};

@@ -3,7 +3,7 @@
 // steps with other sequences' prefill chunks and decode tokens, in any row position, at 1 and 2
 // threads, in f32 and bf16, with bf16, f32 and fp8 latent caches. Compared with memcmp.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -37,8 +37,7 @@ Work make_work(std::mt19937& rng, int64_t vocab, int64_t chunk) {
 // (in random row order) of the sequences that have segments left; with mix == false every
 // sequence runs alone, one segment per step.
 std::vector<std::vector<float>> run_all(const ModelWeights& w, const ForwardOptions& opt,
-                                        const std::vector<Work>& works, bool mix,
-                                        uint32_t seed) {
+                                        const std::vector<Work>& works, bool mix, uint32_t seed) {
   const int64_t V = w.config.vocab_size;
   auto pf = PlannedForward::create(w, opt.act, /*max_tokens=*/256);
   EXPECT_TRUE(pf.is_ok()) << pf.status().to_string();
@@ -92,11 +91,11 @@ void expect_invariant(const char* set, const ForwardOptions& opt, uint32_t seed)
   std::vector<Work> works;
   const int n = 1 + static_cast<int>(rng() % 16);
   for (int i = 0; i < n; ++i) works.push_back(make_work(rng, g.weights.config.vocab_size, 7));
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const int saved = parallel_threads();
+  set_parallel_threads(1);
   const auto alone = run_all(g.weights, opt, works, false, seed);
   for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
+    set_parallel_threads(threads);
     const auto mixed = run_all(g.weights, opt, works, true, seed + static_cast<uint32_t>(threads));
     for (int i = 0; i < n; ++i) {
       ASSERT_EQ(alone[i].size(), mixed[i].size());
@@ -106,7 +105,7 @@ void expect_invariant(const char* set, const ForwardOptions& opt, uint32_t seed)
           << ": sequence " << i << " of " << n << " differs";
     }
   }
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
 }
 
 TEST(BatchInvariance, LogitsDoNotDependOnWhatSharesTheStep) {

@@ -3,7 +3,7 @@
 // amount, sublayers are exact when output aliases input, thread count does not change a bit,
 // the arena stops allocating, and each known misreading is caught by the golden data.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -149,10 +149,10 @@ TEST(Threads, OneAndTwoThreadsAreBitwiseIdentical) {
   prompt.resize(20);
   std::vector<int32_t> fed = g.ids("case2.greedy_ids");
   fed.resize(4);
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   std::vector<float> runs[2];
   for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
+    set_parallel_threads(threads);
     // Reference path (chunked prefill + decode) and the planned path (fused AttnRes step).
     std::vector<float> r = testing::prefill(g.weights, prompt, testing::f32_options(), 7);
     std::vector<float> dec = testing::decode_rows(g.weights, prompt, fed, testing::f32_options());
@@ -161,7 +161,7 @@ TEST(Threads, OneAndTwoThreadsAreBitwiseIdentical) {
     r.insert(r.end(), pl.begin(), pl.end());
     runs[threads - 1] = std::move(r);
   }
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   EXPECT_EQ(runs[0], runs[1]);
 }
 

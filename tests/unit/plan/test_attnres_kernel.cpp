@@ -2,7 +2,7 @@
 // formula on hand-computed values, aliasing, thread-count invariance, and the hardware bf16
 // casts (AVX512_BF16) bitwise equal to the software cast on denormal, infinite and NaN values.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <bit>
 #include <cmath>
@@ -330,12 +330,12 @@ TEST(AttnResKernel, ThreadCountInvariant) {
   const int64_t T = 72, d = 3661;
   ASSERT_GE(T * d, kAttnResParallelMinElements);
   const Problem<bf16> p(T, d, 8, 3);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const int saved = parallel_threads();
+  set_parallel_threads(1);
   const Outputs<bf16> one = run(p, Mode::kAdd, true, true);
-  omp_set_num_threads(2);
+  set_parallel_threads(2);
   const Outputs<bf16> two = run(p, Mode::kAdd, true, true);
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   for (size_t i = 0; i < one.out.size(); ++i) {
     ASSERT_EQ(one.out[i].bits, two.out[i].bits) << i;
     ASSERT_EQ(one.rs_out[i].bits, two.rs_out[i].bits) << i;
@@ -475,16 +475,16 @@ TEST(AttnResKernel, HardwareCastsThreadCountInvariant) {
   ASSERT_GE(T * d, kAttnResParallelMinElements);
   Problem<bf16> p(T, d, 8, 9);
   make_special_rows(p);
-  const int saved = omp_get_max_threads();
+  const int saved = parallel_threads();
   attnres_set_hw_bf16_casts(true);
-  omp_set_num_threads(1);
+  set_parallel_threads(1);
   const Outputs<bf16> one = run(p, Mode::kAdd, true, true, 1.0f);
-  omp_set_num_threads(2);
+  set_parallel_threads(2);
   const Outputs<bf16> two = run(p, Mode::kAdd, true, true, 1.0f);
   attnres_set_hw_bf16_casts(false);
   const Outputs<bf16> soft = run(p, Mode::kAdd, true, true, 1.0f);
   attnres_set_hw_bf16_casts(true);
-  omp_set_num_threads(saved);
+  set_parallel_threads(saved);
   for (size_t i = 0; i < one.out.size(); ++i) {
     ASSERT_EQ(one.out[i].bits, two.out[i].bits) << i;
     ASSERT_EQ(one.raw[i].bits, two.raw[i].bits) << i;

@@ -2,7 +2,7 @@
 // that are bitwise the same alone and sharing steps, admission errors, cancellation, bounded
 // memory.
 #include <gtest/gtest.h>
-#include <omp.h>
+#include "util/parallel.h"
 
 #include <cstring>
 
@@ -105,19 +105,19 @@ TEST(Engine, RequestsAreBitwiseTheSameAloneAndTogether) {
       EngineOptions o = f32_engine(16, 6);  // more requests than sequences: some wait
       o.activation = act;
       const auto reqs = random_requests(rng, 12, golden(set).weights.config.vocab_size);
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(1);
+      const int saved = parallel_threads();
+      set_parallel_threads(1);
       std::vector<Outcome> alone;
       for (const auto& r : reqs) alone.push_back(run_requests(golden_model(set), o, {r})[0]);
       for (int threads : {1, 2}) {
-        omp_set_num_threads(threads);
+        set_parallel_threads(threads);
         const auto together = run_requests(golden_model(set), o, reqs, true, seed);
         for (size_t i = 0; i < reqs.size(); ++i)
           expect_same(alone[i], together[i],
                       std::string(set) + (act == ActivationType::kF32 ? " f32" : " bf16") +
                           " threads " + std::to_string(threads) + " request " + std::to_string(i));
       }
-      omp_set_num_threads(saved);
+      set_parallel_threads(saved);
     }
   }
 }
