@@ -23,6 +23,8 @@ namespace {
 
 // How long an idle worker spins for the next region before it sleeps.
 constexpr auto kSpin = std::chrono::microseconds(200);
+// How long the caller spins for tasks other threads are running before it yields its core.
+constexpr auto kCallerSpin = std::chrono::microseconds(500);
 
 thread_local bool t_in_task = false;
 
@@ -57,10 +59,12 @@ class Pool {
     drain();
     t_in_task = false;
     // Wait for tasks other threads claimed (never for threads that claimed nothing).
+    // Claimed tasks are running, so their end is near: spin, and yield the core only once the
+    // wait is long (a worker descheduled in the middle of its task).
+    const auto start = std::chrono::steady_clock::now();
     for (int spins = 0; done_.load(std::memory_order_acquire) < n; ++spins) {
-      if (spins < 4096)
-        ATTNRES_PAUSE();
-      else
+      ATTNRES_PAUSE();
+      if ((spins & 255) == 255 && std::chrono::steady_clock::now() - start > kCallerSpin)
         std::this_thread::yield();
     }
   }
