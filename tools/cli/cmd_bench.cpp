@@ -119,7 +119,7 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
 }
 
 int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
-               const MemoryBandwidth& stream, double load_s) {
+               const MemoryBandwidth& stream, const ComputePeak& peak, double load_s) {
   const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 512;
   const ModelInfo& info = model->info();
   const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
@@ -144,6 +144,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const double decode_med = median(decode_tps);
   const double achieved_gb_s = static_cast<double>(bpt) * decode_med / 1e9;
   const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
+  const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
+  const double prefill_gflop_s = median(prefill_tps) * prefill_flops * 1e-9;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
   const nlohmann::json j = {
       {"model", a.model.model},
@@ -184,6 +186,9 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
   std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
+  std::printf("prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
+              prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
+              peak.instruction.c_str(), peak.gflop_s);
   std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med, *dmin, *dmax);
   std::printf("bytes/token    %.1f MB (weights %.1f MB, state and cache %.1f MB)\n",
               static_cast<double>(bpt) / 1e6, static_cast<double>(weight_bpt) / 1e6,
@@ -356,13 +361,14 @@ int run_bench(const BenchArgs& a) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   auto stream = measure_memory_bandwidth();
   if (!stream) return fail(stream.status().to_string());
+  const ComputePeak peak = measure_compute_peak(eo->activation == ActivationType::kBF16);
   {
     // Untimed warm-up: the first pass over the memory-mapped weights faults their pages in.
     auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4);
     if (!warm) return fail(warm.status().to_string());
   }
   if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream);
-  return run_single(a, *model, *eo, *stream, load_s);
+  return run_single(a, *model, *eo, *stream, peak, load_s);
 }
 
 const CommandRegistration kReg(
