@@ -21,12 +21,29 @@ namespace {
 struct PlanArgs {
   std::string config;
   int64_t tokens = 0;
+  int64_t max_sequences = 0;  // with prefill_chunk: the batched engine's step budget
+  int64_t prefill_chunk = 0;
   std::string policy = "planned";
   std::string dtype = "bf16";
   bool json = false;
 };
 
-int run_plan(const PlanArgs& a) {
+int run_plan(PlanArgs a) {
+  // A batched step holds one row per decoding sequence plus one prefill chunk (the engine's
+  // token budget, include/attnres/engine.h): its plan is the same program over that many rows.
+  if (a.max_sequences != 0 || a.prefill_chunk != 0) {
+    if (a.max_sequences < 1 || a.prefill_chunk < 1)
+      return fail("--max-sequences and --prefill-chunk go together and must be >= 1, got " +
+                  std::to_string(a.max_sequences) + " and " + std::to_string(a.prefill_chunk));
+    if (a.tokens != 0)
+      return fail("give --tokens or --max-sequences with --prefill-chunk, not both");
+    a.tokens = a.max_sequences + a.prefill_chunk;
+    if (!a.json)
+      std::printf(
+          "batched step budget: %lld rows (%lld decode rows + a %lld-token prefill chunk)\n",
+          static_cast<long long>(a.tokens), static_cast<long long>(a.max_sequences),
+          static_cast<long long>(a.prefill_chunk));
+  }
   const auto policy = parse_policy(a.policy);
   if (!policy) {
     return fail("--policy: expected separate, unrestricted, preserve-final or planned, got '" +
@@ -75,6 +92,10 @@ int run_plan(const PlanArgs& a) {
     j["attn_res_block_size"] = program.block_size;
     j["bank_slots"] = program.bank_slots;
     j["tokens"] = a.tokens;
+    if (a.max_sequences > 0) {
+      j["max_sequences"] = a.max_sequences;
+      j["prefill_chunk"] = a.prefill_chunk;
+    }
     j["hidden_size"] = cfg->hidden_size;
     j["dtype"] = a.dtype;
     j["buffer_bytes"] = buffer_bytes;
@@ -137,7 +158,10 @@ const CommandRegistration kReg(
     [](CLI::App* sub) -> CommandRun {
       auto a = std::make_shared<PlanArgs>();
       sub->add_option("--config", a->config, "Model config.json")->required();
-      sub->add_option("--tokens", a->tokens, "Tokens T of the forward step")->required();
+      sub->add_option("--tokens", a->tokens, "Tokens T of the forward step");
+      sub->add_option("--max-sequences", a->max_sequences,
+                      "With --prefill-chunk: plan the batched engine's step (T = both summed)");
+      sub->add_option("--prefill-chunk", a->prefill_chunk, "Prefill chunk of the batched step");
       sub->add_option("--policy", a->policy,
                       "Policy whose lifetime table is printed: separate, unrestricted, "
                       "preserve-final, planned")
