@@ -2,6 +2,7 @@
 // over the rows of one step; each segment attends over its own sequence's latent cache.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/activation.h"
 #include "kernels/mla.h"
@@ -106,6 +107,67 @@ void attend_expanded(const MlaWeights& w, const MlaDims& md, const SequenceCache
   mla_attend_expanded(md, q, T, kv, ctx_k, N, o, scratch);
 }
 
+// The single-token segments of the step, all in one absorbed pass (each over its own context:
+// bf16 and f32 pages in place, fp8 through a dequantised copy).
+void attend_decode_rows(const MlaWeights& w, const MlaDims& md, int layer, Segments segments,
+                        const float* q, Arena& arena, float* o) {
+  const int64_t qw = md.nope + md.rope, ow = md.H * md.v;
+  int64_t n = 0;
+  for (const Segment& s : segments) n += s.rows == 1 ? 1 : 0;
+  if (n == 0) return;
+  int64_t* contexts = arena.take<int64_t>(n);
+  const Segment** rows = arena.take<const Segment*>(n);
+  n = 0;
+  for (const Segment& s : segments) {
+    if (s.rows != 1) continue;
+    rows[n] = &s;
+    contexts[n++] = s.state->position + 1;
+  }
+  const KvPool& pool = *rows[0]->state->cache.pool();
+  // fill(segment, mla layer index, context, row) sets the row's context; page_rows: the pages'
+  // size (0: every context in one page).
+  const auto run = [&](auto tag, int64_t page_rows, auto&& fill) {
+    using C = decltype(tag);
+    AbsorbedRow<C>* ar = arena.take<AbsorbedRow<C>>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const Segment& s = *rows[i];
+      ar[i].q = q + s.row0 * md.H * qw;
+      ar[i].o = o + s.row0 * ow;
+      fill(s, s.state->mla_index[static_cast<size_t>(layer)], contexts[i], ar[i]);
+    }
+    float* scratch =
+        arena.take<float>(mla_absorbed_rows_scratch_floats(md, contexts, n, page_rows));
+    mla_attend_absorbed_rows(md, ar, n, w.kv_b_proj, scratch);
+  };
+  const auto in_place = [&](const Segment& s, int m, int64_t N, auto& row) {
+    using C = std::remove_cv_t<
+        std::remove_pointer_t<typename std::remove_reference_t<decltype(row)>::value_type>>;
+    const int64_t pages = (N + pool.page_tokens() - 1) / pool.page_tokens();
+    const C** cp = arena.take<const C*>(2 * pages);
+    row.c_kv = s.state->cache.template c_kv_rows<C>(m, N, cp);
+    row.k_rot = s.state->cache.template k_rot_rows<C>(m, N, cp + pages);
+  };
+  switch (pool.dtype()) {
+    case KvCacheDtype::kBF16:
+      run(bf16{}, pool.page_tokens(), in_place);
+      break;
+    case KvCacheDtype::kF32:
+      run(float{}, pool.page_tokens(), in_place);
+      break;
+    default:
+      run(float{}, 0, [&](const Segment& s, int m, int64_t N, AbsorbedRow<float>& row) {
+        float* c = arena.take<float>(N * md.r);     // [N, r]
+        float* k = arena.take<float>(N * md.rope);  // [N, rope]
+        s.state->cache.read(m, N, c, k);
+        const float** cp = arena.take<const float*>(2);
+        cp[0] = c;
+        cp[1] = k;
+        row.c_kv = PagedRows<float>{cp, N, md.r, N};
+        row.k_rot = PagedRows<float>{cp + 1, N, md.rope, N};
+      });
+  }
+}
+
 }  // namespace
 
 void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments segments,
@@ -121,18 +183,25 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments se
   a.gate = w.g_proj.data != nullptr ? arena.take<float>(T * ow) : nullptr;
   project_inputs(c, w, md, pj, x, T, a);
 
-  // Per segment: append its latents to its sequence's cache, then attend over the whole
-  // context as stored (dequantised), so one-shot and chunked prefill and decode all attend to
-  // the same values.
+  // Every segment's latents into its sequence's cache; then each attends over its whole context
+  // as stored (dequantised), so one-shot and chunked prefill and decode all attend to the same
+  // values. Single-token segments (decode) run together in the absorbed form, sharing one pass
+  // over kv_b_proj; longer ones each in the expanded form.
   float* o = arena.take<float>(T * ow);  // [T, H, v]
   for (const Segment& s : segments) {
-    SequenceCache& cache = s.state->cache;
     const int m = s.state->mla_index[static_cast<size_t>(layer)];
-    const int64_t p0 = s.state->position, N = p0 + s.rows;
-    cache.write(m, p0, a.c_kv + s.row0 * md.r, a.k_rot + s.row0 * md.rope, s.rows);
+    s.state->cache.write(m, s.state->position, a.c_kv + s.row0 * md.r, a.k_rot + s.row0 * md.rope,
+                         s.rows);
+  }
+  attend_decode_rows(w, md, layer, segments, a.q, arena, o);
+  for (const Segment& s : segments) {
+    if (s.rows == 1) continue;
+    const SequenceCache& cache = s.state->cache;
+    const int m = s.state->mla_index[static_cast<size_t>(layer)];
+    const int64_t N = s.state->position + s.rows;
     const float* q = a.q + s.row0 * md.H * qw;
     float* os = o + s.row0 * ow;
-    if (s.rows == 1 || opt.mla_absorbed)
+    if (opt.mla_absorbed)
       attend_absorbed(w, md, cache, m, q, s.rows, N, arena, os);
     else
       attend_expanded(w, md, cache, m, pj, q, s.rows, N, os);
