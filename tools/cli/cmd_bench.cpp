@@ -186,9 +186,10 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
   std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
-  std::printf("prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
-              prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
-              peak.instruction.c_str(), peak.gflop_s);
+  std::printf(
+      "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
+      prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
+      peak.instruction.c_str(), peak.gflop_s);
   std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med, *dmin, *dmax);
   std::printf("bytes/token    %.1f MB (weights %.1f MB, state and cache %.1f MB)\n",
               static_cast<double>(bpt) / 1e6, static_cast<double>(weight_bpt) / 1e6,
@@ -325,9 +326,11 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
                     {"mxfp4_proj_share", r->mxfp4_share},
                     {"mxfp4_proj_gb_s", r->mxfp4_gb_s}});
     if (!a.json)
-      std::printf("%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%\n", n, r->aggregate_tps,
-                  r->per_seq_tps, r->ttft_s, static_cast<double>(r->dense_bytes_per_step) / 1e6,
-                  static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction);
+      std::printf("%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%  %.0f%% (%.1f) / %.0f%% (%.1f)\n",
+                  n, r->aggregate_tps, r->per_seq_tps, r->ttft_s,
+                  static_cast<double>(r->dense_bytes_per_step) / 1e6,
+                  static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction,
+                  100.0 * r->dense_share, r->dense_gb_s, 100.0 * r->mxfp4_share, r->mxfp4_gb_s);
   }
   if (a.json) {
     std::cout << nlohmann::json{{"model", a.model.model},
