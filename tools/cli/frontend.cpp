@@ -19,6 +19,11 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                   "MLA latent cache dtype: auto (f32 with --dtype f32, else bf16), bf16, fp8, f32");
   sub->add_option("--threads", a.threads,
                   "Threads (default: the physical cores this process may run on)");
+  sub->add_option("--kv-budget", a.kv_budget,
+                  "Bytes for the KDA states and latent cache of running sequences "
+                  "(default: a full context per sequence)");
+  sub->add_option("--ctx-size", a.ctx_size,
+                  "Context length in tokens (default: the model's max_position_embeddings)");
 }
 
 Status apply_threads(int threads) {
@@ -56,6 +61,14 @@ Result<EngineOptions> engine_options(const ModelArgs& a) {
     return Status(ErrorCode::kInvalidArgument,
                   "--dtype is '" + a.dtype + "', expected bf16 or f32");
   }
+  if (a.kv_budget < -1)
+    return Status(ErrorCode::kInvalidArgument,
+                  "--kv-budget is " + std::to_string(a.kv_budget) + ", expected bytes >= 0");
+  if (a.ctx_size < 0)
+    return Status(ErrorCode::kInvalidArgument,
+                  "--ctx-size is " + std::to_string(a.ctx_size) + ", expected tokens >= 1");
+  o.kv_budget = a.kv_budget;
+  o.context_length = a.ctx_size;
   if (a.kv_dtype == "auto") {
     o.cache = CacheType::kAuto;
   } else if (a.kv_dtype == "bf16") {

@@ -22,9 +22,11 @@ struct ModelArgs {
   std::string tokenizer;  // default: MODEL/tiktoken.model
   std::string dtype = "bf16";
   std::string kv_dtype = "auto";
-  int threads = 0;  // 0: the physical cores this process may run on
+  int threads = 0;         // 0: the physical cores this process may run on
+  int64_t kv_budget = -1;  // bytes for KV states and the latent cache; -1: a full context each
+  int64_t ctx_size = 0;    // 0: the model's max_position_embeddings
 };
-// --model, --tokenizer, --dtype, --kv-dtype, --threads.
+// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size.
 void add_model_options(CLI::App* sub, ModelArgs& a);
 
 // Applies --threads; errors name the flag.
