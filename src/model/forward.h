@@ -21,6 +21,7 @@
 #include "model/arena.h"
 #include "model/options.h"
 #include "model/state.h"
+#include "util/limits.h"
 #include "util/status.h"
 
 namespace attnres {
@@ -50,8 +51,8 @@ class ModelSublayers {
   int64_t T_;
 };
 
-// Most sources one AttnRes read may have (the published model: 8 slots + the running sum).
-inline constexpr int kMaxReadSources = 64;
+// Most sources one AttnRes read may have (util/limits.h; config validation enforces it).
+inline constexpr int kMaxReadSources = kMaxAttnResSources;
 
 // Scalar AttnRes read over S <= kMaxReadSources sources (sources[j] is [T, d]):
 //   score_j = dot(v_j, q) * rsqrt(mean(v_j^2) + eps); p = softmax(score); out = sum_j p_j v_j,

@@ -1,13 +1,14 @@
 // attnres run: greedy generation on a model directory (published layout).
 //   run --model DIR (--prompt-ids 1,2,3 | --prompt-file F) [--max-new-tokens N]
 //       [--chunk-size C] [--dtype bf16|f32] [--kv-dtype bf16|fp8|f32] [--ignore-eos]
-//       [--dump-logits OUT.safetensors] [--json]
+//       [--dump-logits OUT.safetensors [--overwrite]] [--json]
 // The prompt file holds token ids separated by commas and/or whitespace. Generation stops after
 // N tokens or when the config's eos_token_id is chosen (kept), unless --ignore-eos.
 // --dump-logits writes F32 `prefill_logits` [P, V], F32 `decode_logits` [G, V] (row j = the
 // logits generated token j was chosen from; row 0 = the last prefill row) and I64 `tokens`
-// [P + G]. Output: the generated ids on stdout (or one JSON object with --json); timings on
-// stderr. Errors name the file, flag or token and exit with status 1.
+// [P + G]; an existing file is replaced only with --overwrite, never an input of the run
+// (io/output.h check_output_path). Output: the generated ids on stdout (or one JSON object with
+// --json); timings on stderr. Errors name the file, flag or token and exit with status 1.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "command.h"
+#include "io/output.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "runtime/session.h"
@@ -32,6 +34,7 @@ struct RunArgs {
   std::string kv_dtype = "auto";
   std::string dump;
   bool ignore_eos = false;
+  bool overwrite = false;
   bool json = false;
 };
 
@@ -96,6 +99,17 @@ int run(const RunArgs& a) {
     if (prompt[i] >= V)
       return fail("prompt token " + std::to_string(prompt[i]) + " at position " +
                   std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  std::string dump_path;  // where the logits go: --dump-logits, or the file a link names
+  if (!a.dump.empty()) {
+    OutputCheck check;
+    check.flag = "--dump-logits";
+    check.overwrite = a.overwrite;
+    check.inputs = model_input_files(w, a.model);
+    if (!a.prompt_file.empty()) check.inputs.push_back(a.prompt_file);
+    auto path = check_output_path(a.dump, check);
+    if (!path) return fail(path.status().to_string());
+    dump_path = *path;
+  }
   auto session = Session::create(w, so);
   if (!session.is_ok()) return fail(session.status().to_string());
   const int64_t stop = a.ignore_eos ? -1 : w.config.eos_token_id.value_or(-1);
@@ -114,7 +128,7 @@ int run(const RunArgs& a) {
         {"tokens", DType::kI64, {P + G}, tokens.data()},
     };
     Status st =
-        write_safetensors(a.dump, t,
+        write_safetensors(dump_path, t,
                           {{"dtype", a.dtype},
                            {"kv_dtype", std::string(kv_cache_dtype_name(so.forward.cache_dtype()))},
                            {"chunk_size", std::to_string(a.chunk_size)}});
@@ -170,7 +184,10 @@ const CommandRegistration kReg(
                       "MLA latent cache dtype (auto = f32 with --dtype f32, else bf16)")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "bf16", "fp8", "f32"}));
-      sub->add_option("--dump-logits", a->dump, "write logits and tokens to this safetensors file");
+      sub->add_option("--dump-logits", a->dump, "write logits and tokens to this safetensors file")
+          ->check([](const std::string& p) { return p.empty() ? "an empty path" : ""; });
+      sub->add_flag("--overwrite", a->overwrite,
+                    "--dump-logits may replace an existing file (never an input of the run)");
       sub->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the config's eos_token_id");
       sub->add_flag("--json", a->json, "print one JSON object");
       return [a] { return run(*a); };
