@@ -68,7 +68,8 @@ def shrink(name):
 
 
 def layout(tensors):
-    """The header JSON with contiguous offsets (largest element size first, as writers do)."""
+    """The header JSON with contiguous offsets (largest element size first, padded with spaces
+    so the data section starts on an 8-byte boundary, as writers do)."""
     out, offset = {}, 0
     for key in sorted(tensors, key=lambda k: (-DTYPE_SIZE[tensors[k]["dtype"]], k)):
         t = tensors[key]
@@ -77,7 +78,8 @@ def layout(tensors):
             n *= s
         out[key] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [offset, offset + n]}
         offset += n
-    return json.dumps(out, separators=(",", ":"))
+    text = json.dumps(out, separators=(",", ":"))
+    return text + " " * ((8 - (8 + len(text)) % 8) % 8)  # data section 8-byte aligned
 
 
 def tokenizer(vocab):
