@@ -4,7 +4,6 @@
 // the files of the previous one the new one does not have (synth/synth.h).
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -42,11 +41,11 @@ class ProgressLine {
     const double total = 2.0 * static_cast<double>(p.bytes_total);
     const double done = static_cast<double>(p.bytes_filled + p.bytes_written);
     std::fprintf(
-        stderr, "\rmake-model %s: %3.0f%% (%.2f of %.2f GB filled, file %d of %d %s), %.0f s ",
+        stderr,
+        "\rmake-model %s: %3.0f%% (%.2f of %.2f GB filled, %d of %d files written), %.0f s ",
         out_.c_str(), total > 0 ? 100.0 * done / total : 100.0,
         static_cast<double>(p.bytes_filled) / 1e9, static_cast<double>(p.bytes_total) / 1e9,
-        std::min(p.files_done + 1, p.files_total), p.files_total,
-        p.stage == "writing" ? "writing" : "next", now);
+        p.files_done, p.files_total, now);
     std::fflush(stderr);
     dirty_ = true;
   }
