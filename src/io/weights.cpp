@@ -427,4 +427,13 @@ Result<ModelWeights> load_model(const std::string& model_dir) {
   return mw;
 }
 
+std::vector<std::string> model_input_files(const ModelWeights& weights,
+                                           const std::string& model_dir) {
+  std::vector<std::string> files = {model_dir + "/config.json",
+                                    model_dir + "/model.safetensors.index.json"};
+  if (!weights.config.source.empty()) files.push_back(weights.config.source);
+  for (const auto& f : weights.files) files.push_back(f->path());
+  return files;
+}
+
 }  // namespace attnres

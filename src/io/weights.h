@@ -147,4 +147,9 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config);
 // listed in `model.safetensors.index.json`.
 Result<ModelWeights> load_model(const std::string& model_dir);
 
+// Every file a load of `model_dir` read: config.json, the shard index (when there is one) and
+// the weight files of `weights`. The inputs an output must never replace (io/output.h).
+std::vector<std::string> model_input_files(const ModelWeights& weights,
+                                           const std::string& model_dir);
+
 }  // namespace attnres

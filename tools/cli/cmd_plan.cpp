@@ -2,6 +2,7 @@
 // (value, defining step, last reader, storage) of one policy, the [T, d] buffers and bytes of
 // every policy, the liveness lower bound and the verifier's findings. Exit status 1 when the
 // planned policy fails its guarantees (a hazard, or more buffers than the lower bound).
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -57,9 +58,21 @@ int run_plan(PlanArgs a) {
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   const Program program = build_program(cfg->schedule);
   const ActDType dt = a.dtype == "bf16" ? ActDType::kBF16 : ActDType::kF32;
-  const int64_t buffer_bytes =
-      a.tokens * cfg->hidden_size * static_cast<int64_t>(act_dtype_size(dt));
   const int lb = lower_bound_buffers(program);
+  // --tokens is unbounded and hidden_size large: every byte count printed is checked.
+  int64_t buffer_bytes = 0;
+  int64_t most_bytes = 0;  // the largest count printed: the most buffers of any policy
+  int most_buffers = lb;
+  for (Policy p : kAllPolicies)
+    most_buffers = std::max(most_buffers, make_plan(program, p).num_storages());
+  if (__builtin_mul_overflow(a.tokens, cfg->hidden_size, &buffer_bytes) ||
+      __builtin_mul_overflow(buffer_bytes, static_cast<int64_t>(act_dtype_size(dt)),
+                             &buffer_bytes) ||
+      __builtin_mul_overflow(buffer_bytes, int64_t{most_buffers}, &most_bytes)) {
+    return fail("--tokens " + std::to_string(a.tokens) + " x hidden_size " +
+                std::to_string(cfg->hidden_size) + " (" + a.config + ") x " + a.dtype + " x " +
+                std::to_string(most_buffers) + " buffers overflows a 64-bit byte count");
+  }
 
   struct Row {
     Plan plan;

@@ -1,13 +1,14 @@
 // attnres run: greedy generation on a model directory (published layout).
 //   run --model DIR (--prompt-ids 1,2,3 | --prompt-file F) [--max-new-tokens N]
 //       [--chunk-size C] [--dtype bf16|f32] [--kv-dtype bf16|fp8|f32] [--ignore-eos]
-//       [--dump-logits OUT.safetensors] [--json]
+//       [--dump-logits OUT.safetensors [--overwrite]] [--json]
 // The prompt file holds token ids separated by commas and/or whitespace. Generation stops after
 // N tokens or when the config's eos_token_id is chosen (kept), unless --ignore-eos.
 // --dump-logits writes F32 `prefill_logits` [P, V], F32 `decode_logits` [G, V] (row j = the
 // logits generated token j was chosen from; row 0 = the last prefill row) and I64 `tokens`
-// [P + G]. Output: the generated ids on stdout (or one JSON object with --json); timings on
-// stderr. Errors name the file, flag or token and exit with status 1.
+// [P + G]; an existing file is replaced only with --overwrite, never an input of the run
+// (io/output.h check_output_path). Output: the generated ids on stdout (or one JSON object with
+// --json); timings on stderr. Errors name the file, flag or token and exit with status 1.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -16,6 +17,8 @@
 
 #include "command.h"
 #include "frontend.h"
+#include "io/output.h"       // the dump path's checks
+#include "io/weights.h"      // model_input_files
 #include "io/safetensors.h"  // the logit dump's file format
 
 namespace attnres::cli {
@@ -29,6 +32,7 @@ struct RunArgs {
   int64_t chunk_size = 4096;
   std::string dump;
   bool ignore_eos = false;
+  bool overwrite = false;
   bool json = false;
 };
 
@@ -85,7 +89,7 @@ Result<std::vector<int32_t>> read_prompt(const RunArgs& a) {
 }
 
 Status dump_logits(const RunArgs& a, const EngineOptions& eo, const std::vector<int32_t>& prompt,
-                   const GenerationResult& r, int64_t V) {
+                   const GenerationResult& r, int64_t V, const std::string& path) {
   const int64_t P = static_cast<int64_t>(prompt.size()), G = static_cast<int64_t>(r.tokens.size());
   std::vector<int64_t> tokens(prompt.begin(), prompt.end());
   tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
@@ -94,7 +98,7 @@ Status dump_logits(const RunArgs& a, const EngineOptions& eo, const std::vector<
       {"decode_logits", DType::kF32, {G, V}, r.token_logits.data()},
       {"tokens", DType::kI64, {P + G}, tokens.data()},
   };
-  return write_safetensors(a.dump, t,
+  return write_safetensors(path, t,
                            {{"dtype", a.model.dtype},
                             {"kv_dtype", kv_dtype_name(eo)},
                             {"chunk_size", std::to_string(a.chunk_size)}});
@@ -110,6 +114,17 @@ int run(const RunArgs& a) {
   eo->prefill_chunk = a.chunk_size;
   auto model = load_cli_model(a.model, /*need_tokenizer=*/false, /*progress=*/false);
   if (!model.is_ok()) return fail(model.status().to_string());
+  std::string dump_path;  // where the logits go: --dump-logits, or the file a link names
+  if (!a.dump.empty()) {
+    OutputCheck check;
+    check.flag = "--dump-logits";
+    check.overwrite = a.overwrite;
+    check.inputs = model_input_files((*model)->weights(), a.model.model);
+    if (!a.prompt_file.empty()) check.inputs.push_back(a.prompt_file);
+    auto path = check_output_path(a.dump, check);
+    if (!path) return fail(path.status().to_string());
+    dump_path = *path;
+  }
   auto engine = Engine::create(*model, *eo);
   if (!engine.is_ok()) return fail(engine.status().to_string());
   GenerationRequest req;
@@ -126,7 +141,7 @@ int run(const RunArgs& a) {
   const GenerationResult& r = gen.value();
   const int64_t P = static_cast<int64_t>(prompt->size()), G = static_cast<int64_t>(r.tokens.size());
   if (!a.dump.empty()) {
-    if (Status st = dump_logits(a, *eo, *prompt, r, info.vocab_size); !st.is_ok())
+    if (Status st = dump_logits(a, *eo, *prompt, r, info.vocab_size, dump_path); !st.is_ok())
       return fail(st.to_string());
   }
   const double pre_tps = r.ttft_seconds > 0 ? static_cast<double>(P) / r.ttft_seconds : 0;
@@ -172,7 +187,10 @@ const CommandRegistration kReg(
       sub->add_option("--chunk-size", a->chunk_size, "prefill chunk length")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-      sub->add_option("--dump-logits", a->dump, "write logits and tokens to this safetensors file");
+      sub->add_option("--dump-logits", a->dump, "write logits and tokens to this safetensors file")
+          ->check([](const std::string& p) { return p.empty() ? "an empty path" : ""; });
+      sub->add_flag("--overwrite", a->overwrite,
+                    "--dump-logits may replace an existing file (never an input of the run)");
       sub->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the config's eos_token_id");
       sub->add_flag("--json", a->json, "print one JSON object");
       return [a] { return run(*a); };
