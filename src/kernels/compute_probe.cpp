@@ -21,7 +21,6 @@ namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-
 float FmaChain(int64_t iters) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -97,8 +96,8 @@ ComputeProbeResult compute_probe(bool bf16_dot, int reps) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     volatile float sink = 0;
     for (float x : sinks) sink = sink + x;
-    p.gflop_s = std::max(p.gflop_s, flops * kProbeChains *
-                                        static_cast<double>(kIters * p.threads) / s * 1e-9);
+    p.gflop_s = std::max(p.gflop_s,
+                         flops * kProbeChains * static_cast<double>(kIters * p.threads) / s * 1e-9);
   }
   return p;
 }

@@ -110,8 +110,8 @@ double prefill_flops_per_token(const Model& model, int64_t prompt) {
     if (l.dense) macs += mat(l.dense->gate) + mat(l.dense->up) + mat(l.dense->down);
     if (l.moe) {
       const MoeWeights& m = *l.moe;
-      for (const TensorView* t : {&m.gate, &m.shared_gate, &m.shared_up, &m.shared_down,
-                                  &m.latent_down, &m.latent_up})
+      for (const TensorView* t :
+           {&m.gate, &m.shared_gate, &m.shared_up, &m.shared_down, &m.latent_down, &m.latent_up})
         macs += mat(*t);
       if (!m.experts.empty()) {
         const ExpertWeights& e = m.experts.front();

@@ -18,8 +18,8 @@
 #include "command.h"
 #include "frontend.h"
 #include "io/output.h"       // the dump path's checks
-#include "io/weights.h"      // model_input_files
 #include "io/safetensors.h"  // the logit dump's file format
+#include "io/weights.h"      // model_input_files
 
 namespace attnres::cli {
 namespace {
