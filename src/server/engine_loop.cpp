@@ -35,8 +35,11 @@ std::vector<LoopEvent> RequestChannel::take() {
   return out;
 }
 
-EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, int64_t capacity)
-    : engine_(std::move(engine)), capacity_(capacity), context_(engine_->context_length()) {
+EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, int64_t capacity, int step_delay_ms)
+    : engine_(std::move(engine)),
+      capacity_(capacity),
+      context_(engine_->context_length()),
+      step_delay_ms_(step_delay_ms) {
   stats_.engine = engine_->stats();
   thread_ = std::thread([this] { run(); });
 }
@@ -61,6 +64,8 @@ bool EngineLoop::try_submit(GenerationRequest request, std::shared_ptr<RequestCh
 }
 
 void EngineLoop::cancel(const std::shared_ptr<RequestChannel>& channel) {
+  int64_t unset = -1;
+  channel->cancel_mark.compare_exchange_strong(unset, channel->work.load());
   std::lock_guard<std::mutex> lk(mu_);
   Command c;
   c.cancel = true;
@@ -89,7 +94,9 @@ LoopStats EngineLoop::stats() const {
 void EngineLoop::submit_now(Command& c) {
   std::shared_ptr<RequestChannel> ch = c.channel;
   GenerationCallbacks cb;
+  cb.on_prefill = [ch](int64_t, int64_t) { ++ch->work; };
   cb.on_token = [ch](const TokenEvent& e) {
+    if (e.token >= 0) ++ch->work;
     LoopEvent ev;
     ev.kind = LoopEvent::Kind::kToken;
     ev.token = e;
@@ -102,6 +109,11 @@ void EngineLoop::submit_now(Command& c) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       ev.shutdown = stopping_;
+      if (const int64_t mark = ch->cancel_mark.load(); mark >= 0) {
+        ++stats_.cancels;
+        stats_.max_work_after_cancel =
+            std::max(stats_.max_work_after_cancel, ch->work.load() - mark);
+      }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [&](const auto& a) { return a.first == ch; }),
@@ -156,15 +168,16 @@ void EngineLoop::run() {
       (void)engine_->step();
       return;
     }
-    if (!engine_->has_work()) {
+    {
       std::lock_guard<std::mutex> lk(mu_);
-      stats_.engine = engine_->stats();
-      continue;
+      stats_.engine = engine_->stats();  // submissions and cancels change the counts
     }
+    if (!engine_->has_work()) continue;
     const auto t0 = Clock::now();
     Status st = engine_->step();  // a failed step fails its sequences (kFinished, kError)
     (void)st;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
     std::lock_guard<std::mutex> lk(mu_);
     stats_.engine = engine_->stats();
     ++stats_.loop_steps;

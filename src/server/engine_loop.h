@@ -47,6 +47,11 @@ class RequestChannel {
   RequestChannel& operator=(const RequestChannel&) = delete;
 
   int wake_fd() const { return fd_; }
+  // Steps that did work for the request (prefill chunks and tokens), counted by the loop, and
+  // their count when cancel() was called (-1: never): what "cancelled within one step" is
+  // measured by.
+  std::atomic<int64_t> work{0};
+  std::atomic<int64_t> cancel_mark{-1};
   void push(LoopEvent e);
   std::vector<LoopEvent> take();  // everything pushed so far (and clears the wake-up)
 
@@ -62,11 +67,15 @@ struct LoopStats {
   int64_t refused_full = 0;   // try_submit refusals (capacity)
   int64_t loop_steps = 0;     // engine steps run
   double last_step_seconds = 0;
+  int64_t cancels = 0;               // requests that finished after cancel()
+  int64_t max_work_after_cancel = 0;  // most prefill chunks + tokens one did after cancel()
 };
 
 class EngineLoop {
  public:
-  EngineLoop(std::unique_ptr<Engine> engine, int64_t capacity);
+  // `step_delay_ms` (tests only): a pause after each step, so that requests stay in the loop
+  // long enough for scheduling tests to act on them.
+  EngineLoop(std::unique_ptr<Engine> engine, int64_t capacity, int step_delay_ms = 0);
   ~EngineLoop();  // shutdown() if still running
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -95,6 +104,7 @@ class EngineLoop {
   std::unique_ptr<Engine> engine_;
   const int64_t capacity_;
   const int64_t context_;
+  const int step_delay_ms_;
   std::atomic<int64_t> in_loop_{0};
   std::atomic<int64_t> refused_{0};
   mutable std::mutex mu_;

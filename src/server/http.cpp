@@ -293,7 +293,9 @@ struct HttpServer::Impl {
   std::list<std::shared_ptr<Conn>> conns;
   std::atomic<int> open{0};
 
+  bool stopped = false;
   void accept_loop();
+  void shut(bool idle_only);  // shuts the sockets of idle (or all) connections down
   void serve(const std::shared_ptr<Conn>& c);
   void reap_done();
   // Sends a plain error response (the handler's error shape is the server's business: these
@@ -453,6 +455,12 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
                                  std::to_string(opt.max_header_bytes) + " bytes");
       break;
     }
+    if (ec == bhttp::error::body_limit) {
+      framing_error(fd, 413, "request body of " + std::to_string(parser.content_length().value_or(0)) +
+                                 " bytes exceeds the limit of " +
+                                 std::to_string(opt.max_body_bytes) + " bytes");
+      break;
+    }
     if (ec == net::error::eof || ec == beast::error::timeout) {
       if (ec == beast::error::timeout && buf.size() > 0)
         framing_error(fd, 408, "the request was not received in time");
@@ -507,7 +515,7 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
     Responder r(fd, opt, msg.keep_alive() && !stopping.load());
     handler(req, r);
     if (!r.started()) r.send(500, "text/plain", "no response\n", {});
-    if (!r.reusable()) break;
+    if (!r.reusable() || stopping.load()) break;
   }
   {
     std::lock_guard<std::mutex> lk(c->mu);
@@ -519,7 +527,15 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
   cv.notify_all();
 }
 
-void HttpServer::stop(int grace_ms) {
+void HttpServer::Impl::shut(bool idle_only) {
+  std::lock_guard<std::mutex> lk(mu);
+  for (auto& c : conns) {
+    std::lock_guard<std::mutex> ck(c->mu);
+    if (c->fd >= 0 && (!idle_only || !c->busy)) shutdown(c->fd, SHUT_RDWR);
+  }
+}
+
+void HttpServer::begin_stop() {
   Impl& m = *impl_;
   if (m.stopping.exchange(true)) return;
   if (m.wake[1] >= 0) {
@@ -528,14 +544,15 @@ void HttpServer::stop(int grace_ms) {
     (void)ignored;
   }
   if (m.acceptor.joinable()) m.acceptor.join();
-  auto shut = [&](bool idle_only) {
-    std::lock_guard<std::mutex> lk(m.mu);
-    for (auto& c : m.conns) {
-      std::lock_guard<std::mutex> ck(c->mu);
-      if (c->fd >= 0 && (!idle_only || !c->busy)) shutdown(c->fd, SHUT_RDWR);
-    }
-  };
-  shut(true);
+  m.shut(true);
+}
+
+void HttpServer::stop(int grace_ms) {
+  Impl& m = *impl_;
+  if (m.stopped) return;
+  m.stopped = true;
+  begin_stop();
+  auto shut = [&](bool idle_only) { m.shut(idle_only); };
   {
     std::unique_lock<std::mutex> lk(m.mu);
     m.cv.wait_for(lk, std::chrono::milliseconds(grace_ms), [&] {

@@ -85,8 +85,11 @@ class HttpServer {
 
   int port() const;  // the bound port
   void start();      // the accept thread
-  // Stops accepting, closes idle connections, lets running handlers finish (up to `grace_ms`,
-  // then their sockets are shut down), and joins every thread.
+  // Stops accepting and closes idle connections; running handlers go on, and their connections
+  // close when they return.
+  void begin_stop();
+  // begin_stop(), then lets running handlers finish (up to `grace_ms`, then their sockets are
+  // shut down), and joins every thread.
   void stop(int grace_ms = 5000);
   int connections() const;  // open now
 

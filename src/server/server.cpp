@@ -164,6 +164,12 @@ void handle_metrics(ServerState& s, RequestLog& log, HttpResponder& res) {
   m.add("attnres_client_aborts_total", "counter",
         "Generating requests whose client closed the connection before the end.",
         d(s.client_aborts.load()));
+  m.add("attnres_cancels_total", "counter",
+        "Requests cancelled by the server (client gone, stop string, end of message).",
+        d(ls.cancels));
+  m.add("attnres_cancel_max_steps_after", "gauge",
+        "Most steps that did work (prefill chunk or token) for one request after its cancel.",
+        d(ls.max_work_after_cancel));
   m.add("attnres_streams_active", "gauge", "SSE streams open now.", d(s.streams_active.load()));
   m.add("attnres_prompt_tokens_total", "counter", "Prompt tokens of submitted requests.",
         d(e.prompt_tokens));
@@ -382,7 +388,8 @@ Status Server::load() {
   st.limits.vocab_size = st.model->info().vocab_size;
   st.limits.context_length = engine->context_length();
   st.limits.allow_forced_output = eo.allow_forced_tokens;
-  st.loop = std::make_unique<EngineLoop>(std::move(engine), eo.max_sequences + st.opt.queue);
+  st.loop = std::make_unique<EngineLoop>(std::move(engine), eo.max_sequences + st.opt.queue,
+                                         st.opt.test_step_delay_ms);
   st.ready.store(true);
   return Status::ok();
 }
@@ -390,6 +397,7 @@ Status Server::load() {
 void Server::stop() {
   ServerState& st = impl_->state;
   if (st.stopping.exchange(true)) return;
+  impl_->http->begin_stop();         // no new connections or requests
   if (st.loop) st.loop->shutdown();  // every request ends; handlers send their last event
   impl_->http->stop();
   st.loop.reset();

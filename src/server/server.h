@@ -32,7 +32,8 @@ struct ServerOptions {
   int ping_interval_ms = 15000;  // SSE comment while a stream is silent this long
   int read_timeout_ms = 30000;
   int max_connections = 0;       // 0: parallel + queue + 64
-  int test_load_delay_ms = 0;    // test-only: hold /health at 503 this long after loading
+  int test_load_delay_ms = 0;    // test-only: wait this long before loading (/health 503)
+  int test_step_delay_ms = 0;    // test-only: sleep after each engine step (slow, steady steps)
   bool log_requests = true;
   // Where log lines go (default stderr); called from several threads, one line at a time.
   std::function<void(const std::string&)> log;

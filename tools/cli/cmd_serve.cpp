@@ -37,6 +37,7 @@ struct ServeArgs {
   bool quiet = false;
   bool test_forced_output = false;
   int test_load_delay_ms = 0;
+  int test_step_delay_ms = 0;
 };
 
 // "123", "64M", "2G" (binary multiples) or "auto".
@@ -97,6 +98,7 @@ int run_serve(const ServeArgs& a) {
   o.read_timeout_ms = a.timeout_s * 1000;
   o.max_connections = a.max_connections;
   o.test_load_delay_ms = a.test_load_delay_ms;
+  o.test_step_delay_ms = a.test_step_delay_ms;
   o.log_requests = !a.quiet;
 
   // SIGINT and SIGTERM are taken by one thread (sigwait); every other thread blocks them.
@@ -173,6 +175,8 @@ const CommandRegistration kServe(
                     "request");
       sub->add_option("--test-load-delay-ms", a->test_load_delay_ms,
                       "TEST ONLY: wait this long before loading the model");
+      sub->add_option("--test-step-delay-ms", a->test_step_delay_ms,
+                      "TEST ONLY: sleep this long after every engine step");
       return CommandRun([a] { return run_serve(*a); });
     });
 
