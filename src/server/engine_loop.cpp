@@ -65,7 +65,7 @@ bool EngineLoop::try_submit(GenerationRequest request, std::shared_ptr<RequestCh
 
 void EngineLoop::cancel(const std::shared_ptr<RequestChannel>& channel) {
   int64_t unset = -1;
-  channel->cancel_mark.compare_exchange_strong(unset, channel->work.load());
+  channel->cancel_step.compare_exchange_strong(unset, step_index_.load());
   std::lock_guard<std::mutex> lk(mu_);
   Command c;
   c.cancel = true;
@@ -94,9 +94,9 @@ LoopStats EngineLoop::stats() const {
 void EngineLoop::submit_now(Command& c) {
   std::shared_ptr<RequestChannel> ch = c.channel;
   GenerationCallbacks cb;
-  cb.on_prefill = [ch](int64_t, int64_t) { ++ch->work; };
-  cb.on_token = [ch](const TokenEvent& e) {
-    if (e.token >= 0) ++ch->work;
+  cb.on_prefill = [this, ch](int64_t, int64_t) { ch->last_work_step = step_index_.load(); };
+  cb.on_token = [this, ch](const TokenEvent& e) {
+    if (e.token >= 0) ch->last_work_step = step_index_.load();
     LoopEvent ev;
     ev.kind = LoopEvent::Kind::kToken;
     ev.token = e;
@@ -109,10 +109,10 @@ void EngineLoop::submit_now(Command& c) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       ev.shutdown = stopping_;
-      if (const int64_t mark = ch->cancel_mark.load(); mark >= 0) {
+      if (const int64_t mark = ch->cancel_step.load(); mark >= 0) {
         ++stats_.cancels;
-        stats_.max_work_after_cancel =
-            std::max(stats_.max_work_after_cancel, ch->work.load() - mark);
+        stats_.max_steps_after_cancel =
+            std::max(stats_.max_steps_after_cancel, ch->last_work_step.load() - mark);
       }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
@@ -174,6 +174,7 @@ void EngineLoop::run() {
     }
     if (!engine_->has_work()) continue;
     const auto t0 = Clock::now();
+    ++step_index_;
     Status st = engine_->step();  // a failed step fails its sequences (kFinished, kError)
     (void)st;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();

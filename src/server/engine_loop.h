@@ -47,11 +47,11 @@ class RequestChannel {
   RequestChannel& operator=(const RequestChannel&) = delete;
 
   int wake_fd() const { return fd_; }
-  // Steps that did work for the request (prefill chunks and tokens), counted by the loop, and
-  // their count when cancel() was called (-1: never): what "cancelled within one step" is
-  // measured by.
-  std::atomic<int64_t> work{0};
-  std::atomic<int64_t> cancel_mark{-1};
+  // What "cancelled within one step" is measured by: the loop's step number when cancel() was
+  // called (-1: never), and the number of the last step that did work for the request (a
+  // prefill chunk or a token).
+  std::atomic<int64_t> cancel_step{-1};
+  std::atomic<int64_t> last_work_step{-1};
   void push(LoopEvent e);
   std::vector<LoopEvent> take();  // everything pushed so far (and clears the wake-up)
 
@@ -68,7 +68,9 @@ struct LoopStats {
   int64_t loop_steps = 0;     // engine steps run
   double last_step_seconds = 0;
   int64_t cancels = 0;               // requests that finished after cancel()
-  int64_t max_work_after_cancel = 0;  // most prefill chunks + tokens one did after cancel()
+  // Most steps after the one running at cancel() that still did work for the request: 0 when the
+  // cancel took effect before the next step, 1 when it came just as that step began.
+  int64_t max_steps_after_cancel = 0;
 };
 
 class EngineLoop {
@@ -107,6 +109,7 @@ class EngineLoop {
   const int step_delay_ms_;
   std::atomic<int64_t> in_loop_{0};
   std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> step_index_{0};  // incremented before each engine step
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Command> commands_;  // under mu_

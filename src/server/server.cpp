@@ -168,8 +168,8 @@ void handle_metrics(ServerState& s, RequestLog& log, HttpResponder& res) {
         "Requests cancelled by the server (client gone, stop string, end of message).",
         d(ls.cancels));
   m.add("attnres_cancel_max_steps_after", "gauge",
-        "Most steps that did work (prefill chunk or token) for one request after its cancel.",
-        d(ls.max_work_after_cancel));
+        "Most steps after the one running at a cancel that still did work for that request.",
+        d(ls.max_steps_after_cancel));
   m.add("attnres_streams_active", "gauge", "SSE streams open now.", d(s.streams_active.load()));
   m.add("attnres_prompt_tokens_total", "counter", "Prompt tokens of submitted requests.",
         d(e.prompt_tokens));
