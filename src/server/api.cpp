@@ -28,8 +28,8 @@ std::string leading_path(const std::string& m) {
   if (colon == std::string::npos || colon == 0) return {};
   for (size_t i = 0; i < colon; ++i) {
     const char c = m[i];
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
-                    c == '[' || c == ']';
+    const bool ok =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' || c == ']';
     if (!ok) return {};
   }
   return m.substr(0, colon);
@@ -136,8 +136,8 @@ class Fields {
   }
   bool integer_value(const std::string& param, const json& v, int64_t lo, int64_t hi,
                      std::optional<int64_t>& out) {
-    const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                              "]";
+    const std::string range =
+        "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     int64_t x = 0;
     if (v.is_number_integer()) {
       x = v.get<int64_t>();
@@ -275,8 +275,8 @@ bool read_generation(Fields& f, const json& body, const ApiLimits& lim, bool cha
       for (char c : k) digits = digits && c >= '0' && c <= '9';
       if (digits) id = std::stoll(k);
       if (!digits || id >= lim.vocab_size)
-        return f.fail_msg(p, p + ": the key must be a token id in [0, " +
-                                 std::to_string(lim.vocab_size) + ")");
+        return f.fail_msg(
+            p, p + ": the key must be a token id in [0, " + std::to_string(lim.vocab_size) + ")");
       const json& b = it.value();
       if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 ||
           b.get<double>() > 100)
@@ -289,8 +289,7 @@ bool read_generation(Fields& f, const json& body, const ApiLimits& lim, bool cha
     bool logprobs = false;
     if (!f.boolean("logprobs", logprobs)) return false;
     if (!f.integer("top_logprobs", 0, 20, i)) return false;
-    if (i && !logprobs)
-      return f.fail_msg("top_logprobs", "top_logprobs: needs \"logprobs\": true");
+    if (i && !logprobs) return f.fail_msg("top_logprobs", "top_logprobs: needs \"logprobs\": true");
     g.top_logprobs = logprobs ? static_cast<int>(i.value_or(0)) : -1;
   } else if (const json* v = f.get("logprobs")) {
     if (!f.integer_value("logprobs", *v, 0, 20, i)) return false;
@@ -305,8 +304,7 @@ bool read_generation(Fields& f, const json& body, const ApiLimits& lim, bool cha
       return f.fail_msg("stream_options", "stream_options: only allowed with \"stream\": true");
     auto it = v->find("include_usage");
     if (it != v->end() && !it->is_null()) {
-      if (!it->is_boolean())
-        return f.fail("stream_options.include_usage", "a boolean", *it);
+      if (!it->is_boolean()) return f.fail("stream_options.include_usage", "a boolean", *it);
       g.include_usage = it->get<bool>();
     }
   }
@@ -357,10 +355,9 @@ Parsed<json> parse_json_body(std::string_view content_type, std::string_view bod
   std::string lower(media);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower != "application/json") {
-    out.error = api_error(415,
-                          "Content-Type is '" + std::string(content_type) +
-                              "', expected application/json",
-                          "", "unsupported_media_type");
+    out.error = api_error(
+        415, "Content-Type is '" + std::string(content_type) + "', expected application/json", "",
+        "unsupported_media_type");
     return out;
   }
   if (body.empty()) {
@@ -368,8 +365,9 @@ Parsed<json> parse_json_body(std::string_view content_type, std::string_view bod
     return out;
   }
   if (nesting_depth(body) > kMaxDepth) {
-    out.error = api_error(400, "the request body nests arrays and objects deeper than " +
-                                   std::to_string(kMaxDepth) + " levels",
+    out.error = api_error(400,
+                          "the request body nests arrays and objects deeper than " +
+                              std::to_string(kMaxDepth) + " levels",
                           "", "invalid_json");
     return out;
   }
@@ -440,8 +438,9 @@ Parsed<CompletionRequest> parse_completion(const json& body, const ApiLimits& li
     for (size_t k = 0; k < one->size(); ++k) {
       const json& t = (*one)[k];
       if (t.is_string() || t.is_array())
-        return fail("prompt: several prompts in one request are not supported; send one "
-                    "request per prompt");
+        return fail(
+            "prompt: several prompts in one request are not supported; send one "
+            "request per prompt");
       std::optional<int64_t> id;
       if (!f.integer_value("prompt[" + std::to_string(k) + "]", t, 0, lim.vocab_size - 1, id)) {
         out.error = f.error();
@@ -460,8 +459,8 @@ Parsed<CompletionRequest> parse_completion(const json& body, const ApiLimits& li
   }
   if (const json* s = f.get("suffix")) {
     if (!s->is_string() || !s->get<std::string>().empty()) {
-      out.error = api_error(400, "suffix: not supported (no fill-in-the-middle)", "suffix",
-                            "unsupported");
+      out.error =
+          api_error(400, "suffix: not supported (no fill-in-the-middle)", "suffix", "unsupported");
       return out;
     }
   }
@@ -486,8 +485,8 @@ Parsed<TokenizeRequest> parse_tokenize(const json& body) {
   r.text = content ? content : prompt;
   if (const json* m = f.get("messages")) {
     if (r.text) {
-      out.error = api_error(400, "messages: give either text (content/prompt) or messages",
-                            "messages");
+      out.error =
+          api_error(400, "messages: give either text (content/prompt) or messages", "messages");
       return out;
     }
     if (!m->is_array() || m->empty()) {
@@ -521,8 +520,7 @@ Parsed<DetokenizeRequest> parse_detokenize(const json& body, const ApiLimits& li
   }
   for (size_t k = 0; k < t->size(); ++k) {
     std::optional<int64_t> id;
-    if (!f.integer_value("tokens[" + std::to_string(k) + "]", (*t)[k], 0, lim.vocab_size - 1,
-                         id)) {
+    if (!f.integer_value("tokens[" + std::to_string(k) + "]", (*t)[k], 0, lim.vocab_size - 1, id)) {
       out.error = f.error();
       return out;
     }

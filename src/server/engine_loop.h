@@ -63,11 +63,11 @@ class RequestChannel {
 
 struct LoopStats {
   EngineStats engine;
-  int64_t in_loop = 0;        // requests admitted by try_submit and not finished
-  int64_t refused_full = 0;   // try_submit refusals (capacity)
-  int64_t loop_steps = 0;     // engine steps run
+  int64_t in_loop = 0;       // requests admitted by try_submit and not finished
+  int64_t refused_full = 0;  // try_submit refusals (capacity)
+  int64_t loop_steps = 0;    // engine steps run
   double last_step_seconds = 0;
-  int64_t cancels = 0;               // requests that finished after cancel()
+  int64_t cancels = 0;  // requests that finished after cancel()
   // Most steps after the one running at cancel() that still did work for the request: 0 when the
   // cancel took effect before the next step, 1 when it came just as that step began.
   int64_t max_steps_after_cancel = 0;

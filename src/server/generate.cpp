@@ -98,9 +98,9 @@ class ChatOut final : public Output {
     const bool by_length = r.reason == FinishReason::kLength || r.reason == FinishReason::kContext;
     if (!stopped_) {
       const bool end_of_message = ended_ || r.reason == FinishReason::kStopToken;
-      apply(parser_.finish(end_of_message ? ChatOutputEnd::kEndOfMessage
-                                          : ChatOutputEnd::kTruncated),
-            chunks);
+      apply(
+          parser_.finish(end_of_message ? ChatOutputEnd::kEndOfMessage : ChatOutputEnd::kTruncated),
+          chunks);
     }
     if (!stopped_) {
       emit_text("reasoning_content", reasoning_, reasoning_stop_.flush(), chunks);
@@ -153,7 +153,9 @@ class ChatOut final : public Output {
       const TokenText a = token_text(model_, alt.token);
       top.push_back({{"token", a.text}, {"logprob", alt.logprob}, {"bytes", a.bytes}});
     }
-    return {{"token", t.text}, {"logprob", e.logprob}, {"bytes", t.bytes},
+    return {{"token", t.text},
+            {"logprob", e.logprob},
+            {"bytes", t.bytes},
             {"top_logprobs", std::move(top)}};
   }
   void attach_logprobs(json& c) {
@@ -234,9 +236,8 @@ class TextOut final : public Output {
     return false;
   }
   void finish(const GenerationResult& r, std::vector<json>& chunks) override {
-    finish_reason_ = r.reason == FinishReason::kLength || r.reason == FinishReason::kContext
-                         ? "length"
-                         : "stop";
+    finish_reason_ =
+        r.reason == FinishReason::kLength || r.reason == FinishReason::kContext ? "length" : "stop";
     json c = chunk("");
     c["choices"][0]["finish_reason"] = finish_reason_;
     attach(c);
@@ -315,8 +316,8 @@ void drive(ServerState& s, GenerationRequest g, Output& out, const RouteInfo& ri
   }
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   auto stamp = [&](json c) {
-    json o = {{"id", ri.id}, {"object", ri.chunk_object}, {"created", created},
-              {"model", s.model_id}};
+    json o = {
+        {"id", ri.id}, {"object", ri.chunk_object}, {"created", created}, {"model", s.model_id}};
     for (auto& [k, v] : c.items()) o[k] = v;
     return o;
   };
@@ -428,7 +429,8 @@ GenerationRequest engine_request(const GenerationFields& f, std::vector<int32_t>
   GenerationRequest g;
   g.prompt = std::move(prompt);
   g.sampling = f.sampling;
-  if (!f.seed_given) g.sampling.seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  if (!f.seed_given)
+    g.sampling.seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   g.max_new_tokens = f.max_tokens.value_or(-1);
   g.strict_context = f.max_tokens.has_value();
   g.logit_bias = f.logit_bias;
@@ -443,9 +445,10 @@ bool forced_tokens(ServerState& s, const GenerationFields& f, GenerationRequest&
   if (!f.forced_output) return true;
   auto ids = s.model->encode(*f.forced_output, /*allow_special=*/true);
   if (!ids.is_ok()) {
-    send_error(res, api_error(400, "attnres_forced_output: " + ids.status().message(),
-                              "attnres_forced_output"),
-               log);
+    send_error(
+        res,
+        api_error(400, "attnres_forced_output: " + ids.status().message(), "attnres_forced_output"),
+        log);
     return false;
   }
   g.forced_tokens = std::move(ids).value();
@@ -464,9 +467,9 @@ bool check_context(ServerState& s, const GenerationFields& f, int64_t prompt_tok
       std::to_string(prompt_tokens) + " in the messages, " + std::to_string(want) +
       (f.max_tokens ? " in the completion)." : " at least in the completion).") +
       " Please reduce the length of the messages or completion.";
-  send_error(res, api_error(400, msg, f.max_tokens ? "max_tokens" : "messages",
-                            "context_length_exceeded"),
-             log);
+  send_error(
+      res, api_error(400, msg, f.max_tokens ? "max_tokens" : "messages", "context_length_exceeded"),
+      log);
   return false;
 }
 
@@ -495,8 +498,7 @@ void handle_chat_completion(ServerState& s, const HttpRequest& req, HttpResponde
   ri.stream = f.stream;
   ri.include_usage = f.include_usage;
   ri.prompt_tokens = n;
-  ChatOut out(*s.model, prompt->thinking, "call_" + ri.id.substr(9) + "_", f.stop,
-              f.top_logprobs);
+  ChatOut out(*s.model, prompt->thinking, "call_" + ri.id.substr(9) + "_", f.stop, f.top_logprobs);
   drive(s, std::move(g), out, ri, res, log);
 }
 
@@ -514,16 +516,17 @@ void handle_completion(ServerState& s, const HttpRequest& req, HttpResponder& re
     auto e = s.model->encode(*c.prompt_text);
     if (!e.is_ok()) return send_error(res, status_error(e.status()), log);
     ids = std::move(e).value();
-    if (ids.empty()) return send_error(res, api_error(400, "prompt: encodes to no tokens", "prompt"), log);
+    if (ids.empty())
+      return send_error(res, api_error(400, "prompt: encodes to no tokens", "prompt"), log);
     if (c.echo) echo = *c.prompt_text;
   } else if (c.echo) {
     auto d = s.model->decode(ids);
     if (d.is_ok()) echo = *d;
   }
   if (c.echo && c.gen.top_logprobs >= 0)
-    return send_error(res, api_error(400, "echo: not supported together with logprobs", "echo",
-                                     "unsupported"),
-                      log);
+    return send_error(
+        res, api_error(400, "echo: not supported together with logprobs", "echo", "unsupported"),
+        log);
   const auto n = static_cast<int64_t>(ids.size());
   if (!check_context(s, c.gen, n, res, log)) return;
   GenerationRequest g = engine_request(c.gen, std::move(ids));

@@ -155,8 +155,8 @@ bool write_all(int fd, std::string_view data, int timeout_ms) {
 }
 
 std::string head(int status, const HttpHeaders& headers) {
-  std::string h = "HTTP/1.1 " + std::to_string(status) + " " +
-                  std::string(http_status_text(status)) + "\r\n";
+  std::string h =
+      "HTTP/1.1 " + std::to_string(status) + " " + std::string(http_status_text(status)) + "\r\n";
   for (const auto& [k, v] : headers) h += k + ": " + v + "\r\n";
   h += "\r\n";
   return h;
@@ -210,8 +210,7 @@ class Responder final : public HttpResponder {
     if (started_) return false;
     started_ = true;
     streaming_ = true;
-    HttpHeaders h = {{"Content-Type", std::string(content_type)},
-                     {"Transfer-Encoding", "chunked"}};
+    HttpHeaders h = {{"Content-Type", std::string(content_type)}, {"Transfer-Encoding", "chunked"}};
     h.insert(h.end(), extra.begin(), extra.end());
     h.emplace_back("Connection", keep_alive_ ? "keep-alive" : "close");
     ok_ = write_all(fd_, head(status, h), opt_.write_timeout_ms);
@@ -443,22 +442,24 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
       std::lock_guard<std::mutex> lk(c->mu);
       c->busy = true;
     }
-    stream.expires_at(Clock::now() + std::chrono::milliseconds(c->reject ? 1000
-                                                                         : opt.read_timeout_ms));
+    stream.expires_at(Clock::now() +
+                      std::chrono::milliseconds(c->reject ? 1000 : opt.read_timeout_ms));
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(static_cast<uint32_t>(opt.max_header_bytes));
     parser.body_limit(static_cast<uint64_t>(opt.max_body_bytes));
     boost::system::error_code ec;
     bhttp::read_header(stream, buf, parser, ec);
     if (ec == bhttp::error::header_limit) {
-      framing_error(fd, 431, "request header fields exceed " +
-                                 std::to_string(opt.max_header_bytes) + " bytes");
+      framing_error(
+          fd, 431,
+          "request header fields exceed " + std::to_string(opt.max_header_bytes) + " bytes");
       break;
     }
     if (ec == bhttp::error::body_limit) {
-      framing_error(fd, 413, "request body of " + std::to_string(parser.content_length().value_or(0)) +
-                                 " bytes exceeds the limit of " +
-                                 std::to_string(opt.max_body_bytes) + " bytes");
+      framing_error(fd, 413,
+                    "request body of " + std::to_string(parser.content_length().value_or(0)) +
+                        " bytes exceeds the limit of " + std::to_string(opt.max_body_bytes) +
+                        " bytes");
       break;
     }
     if (ec == net::error::eof || ec == beast::error::timeout) {
@@ -478,17 +479,18 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
     if (h[bhttp::field::expect] == "100-continue" && !parser.is_done()) {
       const auto len = parser.content_length();
       if (len && *len > static_cast<uint64_t>(opt.max_body_bytes)) {
-        framing_error(fd, 413, "request body of " + std::to_string(*len) +
-                                   " bytes exceeds the limit of " +
-                                   std::to_string(opt.max_body_bytes) + " bytes");
+        framing_error(fd, 413,
+                      "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
+                          std::to_string(opt.max_body_bytes) + " bytes");
         break;
       }
       if (!write_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", opt.write_timeout_ms)) break;
     }
     bhttp::read(stream, buf, parser, ec);
     if (ec == bhttp::error::body_limit) {
-      framing_error(fd, 413, "request body exceeds the limit of " +
-                                 std::to_string(opt.max_body_bytes) + " bytes");
+      framing_error(
+          fd, 413,
+          "request body exceeds the limit of " + std::to_string(opt.max_body_bytes) + " bytes");
       break;
     }
     if (ec == beast::error::timeout) {

@@ -29,9 +29,9 @@ namespace attnres::server {
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // as sent: path and query
-  std::string path;    // target without the query
+  std::string method;   // "GET", "POST", ...
+  std::string target;   // as sent: path and query
+  std::string path;     // target without the query
   HttpHeaders headers;  // names lower-cased
   std::string body;
   std::string peer;  // "ADDR:PORT"

@@ -52,9 +52,9 @@ void handle_models(ServerState& s, const HttpRequest& req, HttpResponder& res, R
   if (req.path.rfind(prefix, 0) == 0) {
     const std::string id = req.path.substr(prefix.size());
     if (id != s.model_id)
-      return send_error(res, api_error(404, "model '" + id + "' does not exist", "model",
-                                       "model_not_found"),
-                        log);
+      return send_error(
+          res, api_error(404, "model '" + id + "' does not exist", "model", "model_not_found"),
+          log);
     log.status = 200;
     return send_json(res, 200, m);
   }
@@ -62,8 +62,7 @@ void handle_models(ServerState& s, const HttpRequest& req, HttpResponder& res, R
   send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
 }
 
-void handle_tokenize(ServerState& s, const HttpRequest& req, HttpResponder& res,
-                     RequestLog& log) {
+void handle_tokenize(ServerState& s, const HttpRequest& req, HttpResponder& res, RequestLog& log) {
   auto body = parse_json_body(req.header("content-type"), req.body);
   if (!body.ok()) return send_error(res, body.error, log);
   auto p = parse_tokenize(*body.value);
@@ -145,8 +144,7 @@ void handle_metrics(ServerState& s, RequestLog& log, HttpResponder& res) {
   const EngineStats& e = ls.engine;
   Metrics m;
   const auto d = [](int64_t v) { return static_cast<double>(v); };
-  m.add("attnres_requests_running", "gauge", "Requests in the engine's running set.",
-        d(e.running));
+  m.add("attnres_requests_running", "gauge", "Requests in the engine's running set.", d(e.running));
   m.add("attnres_requests_waiting", "gauge",
         "Requests accepted and waiting for a running slot (queued).",
         d(std::max<int64_t>(0, ls.in_loop - e.running)));
@@ -205,8 +203,9 @@ void handle_metrics(ServerState& s, RequestLog& log, HttpResponder& res) {
   {
     std::lock_guard<std::mutex> lk(s.counters_mu);
     for (const auto& [k, v] : s.http_requests)
-      m.add("attnres_http_requests_total", "counter", "HTTP requests answered, by route and status.",
-            d(v), "route=\"" + k.first + "\",code=\"" + std::to_string(k.second) + "\"");
+      m.add("attnres_http_requests_total", "counter",
+            "HTTP requests answered, by route and status.", d(v),
+            "route=\"" + k.first + "\",code=\"" + std::to_string(k.second) + "\"");
   }
   log.status = 200;
   res.send(200, "text/plain; version=0.0.4; charset=utf-8", m.text());
@@ -219,9 +218,15 @@ struct Route {
 };
 
 constexpr Route kRoutes[] = {
-    {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
-    {"/v1/models/", "GET", true},     {"/health", "GET"},          {"/metrics", "GET"},
-    {"/tokenize", "POST"},            {"/detokenize", "POST"},     {"/apply-template", "POST"},
+    {"/v1/chat/completions", "POST"},
+    {"/v1/completions", "POST"},
+    {"/v1/models", "GET"},
+    {"/v1/models/", "GET", true},
+    {"/health", "GET"},
+    {"/metrics", "GET"},
+    {"/tokenize", "POST"},
+    {"/detokenize", "POST"},
+    {"/apply-template", "POST"},
 };
 
 void dispatch(ServerState& s, const HttpRequest& req, HttpResponder& res, RequestLog& log,
@@ -299,7 +304,8 @@ struct Server::Impl {
     try {
       dispatch(state, req, res, log, route);
     } catch (const std::exception& ex) {  // a bug: answer 500 rather than lose the process
-      if (!res.started()) send_error(res, api_error(500, std::string("internal: ") + ex.what()), log);
+      if (!res.started())
+        send_error(res, api_error(500, std::string("internal: ") + ex.what()), log);
     }
     {
       std::lock_guard<std::mutex> lk(state.counters_mu);
@@ -353,11 +359,11 @@ Result<std::unique_ptr<Server>> Server::listen(const ServerOptions& o) {
   h.max_connections = o.max_connections > 0
                           ? o.max_connections
                           : static_cast<int>(o.engine.max_sequences + o.queue + 64);
-  ATTNRES_ASSIGN_OR_RETURN(m.http, HttpServer::listen(h, [impl = s->impl_.get()](
-                                                             const HttpRequest& r,
-                                                             HttpResponder& res) {
-                             impl->handle(r, res);
-                           }));
+  ATTNRES_ASSIGN_OR_RETURN(
+      m.http,
+      HttpServer::listen(h, [impl = s->impl_.get()](const HttpRequest& r, HttpResponder& res) {
+        impl->handle(r, res);
+      }));
   m.http->start();
   return s;
 }

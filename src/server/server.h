@@ -25,15 +25,15 @@ struct ServerOptions {
   EngineOptions engine;  // max_sequences = --parallel, context_length, kv_budget, ...
   std::string host = "127.0.0.1";
   int port = 8080;
-  int64_t queue = 64;        // waiting requests beyond the running ones before 503
-  std::string api_key;       // empty: no authentication
-  std::string alias;         // the model id in /v1/models (default: the model directory's name)
+  int64_t queue = 64;   // waiting requests beyond the running ones before 503
+  std::string api_key;  // empty: no authentication
+  std::string alias;    // the model id in /v1/models (default: the model directory's name)
   int64_t max_body_bytes = 8 << 20;
   int ping_interval_ms = 15000;  // SSE comment while a stream is silent this long
   int read_timeout_ms = 30000;
-  int max_connections = 0;       // 0: parallel + queue + 64
-  int test_load_delay_ms = 0;    // test-only: wait this long before loading (/health 503)
-  int test_step_delay_ms = 0;    // test-only: sleep after each engine step (slow, steady steps)
+  int max_connections = 0;     // 0: parallel + queue + 64
+  int test_load_delay_ms = 0;  // test-only: wait this long before loading (/health 503)
+  int test_step_delay_ms = 0;  // test-only: sleep after each engine step (slow, steady steps)
   bool log_requests = true;
   // Where log lines go (default stderr); called from several threads, one line at a time.
   std::function<void(const std::string&)> log;

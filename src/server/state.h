@@ -61,7 +61,6 @@ std::string wire(const nlohmann::ordered_json& v);
 // POST /v1/chat/completions and /v1/completions (generate.cpp).
 void handle_chat_completion(ServerState& s, const HttpRequest& req, HttpResponder& res,
                             RequestLog& log);
-void handle_completion(ServerState& s, const HttpRequest& req, HttpResponder& res,
-                       RequestLog& log);
+void handle_completion(ServerState& s, const HttpRequest& req, HttpResponder& res, RequestLog& log);
 
 }  // namespace attnres::server

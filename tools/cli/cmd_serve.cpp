@@ -135,7 +135,8 @@ int run_serve(const ServeArgs& a) {
     std::fflush(stderr);
   }
   waiter.join();
-  std::fprintf(stderr, "attnres serve: %s: stopping\n", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fprintf(stderr, "attnres serve: %s: stopping\n",
+               got_signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*srv)->stop();
   std::fprintf(stderr, "attnres serve: stopped\n");
   return 0;

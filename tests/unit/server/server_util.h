@@ -121,8 +121,8 @@ class Client {
     r.status = std::atoi(head.substr(9, 3).c_str());
     while (pos != std::string::npos && pos < head.size()) {
       const size_t next = head.find("\r\n", pos + 2);
-      const std::string line = head.substr(pos + 2, next == std::string::npos ? std::string::npos
-                                                                             : next - pos - 2);
+      const std::string line =
+          head.substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
       const size_t colon = line.find(':');
       if (colon != std::string::npos) {
         std::string k = line.substr(0, colon);
@@ -184,7 +184,8 @@ inline std::string request(const std::string& method, const std::string& path,
                            const std::string& extra_headers = "") {
   std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
   if (!content_type.empty()) r += "Content-Type: " + content_type + "\r\n";
-  if (!body.empty() || method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  if (!body.empty() || method == "POST")
+    r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   r += extra_headers;
   r += "\r\n" + body;
   return r;

@@ -27,8 +27,7 @@ std::string chat(const std::string& fields) {
                      (fields.empty() ? "" : "," + fields) + "}");
 }
 std::string chat_messages(const std::string& messages) {
-  return request("POST", "/v1/chat/completions",
-                 R"({"max_tokens":4,"messages":)" + messages + "}");
+  return request("POST", "/v1/chat/completions", R"({"max_tokens":4,"messages":)" + messages + "}");
 }
 std::string completion(const std::string& body) {
   return request("POST", "/v1/completions", body);
@@ -40,14 +39,15 @@ std::vector<BadCase> cases() {
   for (int i = 0; i < 200; ++i) deep += "[";
   for (int i = 0; i < 200; ++i) deep += "]";
   std::string seventeen = "[";
-  for (int i = 0; i < 17; ++i) seventeen += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
+  for (int i = 0; i < 17; ++i)
+    seventeen += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
   seventeen += "]";
   std::string long_prompt;
   for (int i = 0; i < 400; ++i) long_prompt += "and the LORD said ";
   return {
       // Framing, content type, JSON.
-      {"bad_json", request("POST", "/v1/chat/completions", R"({"messages": [)"), 400, "JSON",
-       false, "invalid_json"},
+      {"bad_json", request("POST", "/v1/chat/completions", R"({"messages": [)"), 400, "JSON", false,
+       "invalid_json"},
       {"body_is_array", request("POST", "/v1/chat/completions", "[1,2]"), 400, "JSON object"},
       {"empty_body", request("POST", "/v1/chat/completions", ""), 400, "empty"},
       {"text_plain", request("POST", "/v1/chat/completions", "{}", "text/plain"), 415,
@@ -79,7 +79,8 @@ std::vector<BadCase> cases() {
       {"content_number", chat_messages(R"([{"role":"user","content":5}])"), 400,
        "messages[0].content", true},
       {"content_image_part",
-       chat_messages(R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}])"),
+       chat_messages(
+           R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}])"),
        400, "messages[0].content"},
       {"tool_call_without_name",
        chat_messages(
@@ -98,8 +99,9 @@ std::vector<BadCase> cases() {
       {"frequency_penalty_low", chat(R"("frequency_penalty":-3)"), 400, "frequency_penalty", true},
       {"repetition_penalty_zero", chat(R"("repetition_penalty":0)"), 400, "repetition_penalty",
        true},
-      {"max_tokens_zero", request("POST", "/v1/chat/completions",
-                                  R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})"),
+      {"max_tokens_zero",
+       request("POST", "/v1/chat/completions",
+               R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})"),
        400, "max_tokens", true},
       {"max_tokens_fraction",
        request("POST", "/v1/chat/completions",
@@ -119,8 +121,8 @@ std::vector<BadCase> cases() {
       {"stop_too_many", chat("\"stop\":" + seventeen), 400, "stop", true},
       {"logit_bias_array", chat(R"("logit_bias":[1])"), 400, "logit_bias", true},
       {"logit_bias_key", chat(R"("logit_bias":{"abc":1})"), 400, "logit_bias.abc", true},
-      {"logit_bias_out_of_vocab", chat(R"("logit_bias":{"999999":1})"), 400,
-       "logit_bias.999999", true},
+      {"logit_bias_out_of_vocab", chat(R"("logit_bias":{"999999":1})"), 400, "logit_bias.999999",
+       true},
       {"logit_bias_value", chat(R"("logit_bias":{"5":200})"), 400, "logit_bias.5", true},
       {"logprobs_string", chat(R"("logprobs":"yes")"), 400, "logprobs", true},
       {"top_logprobs_high", chat(R"("logprobs":true,"top_logprobs":21)"), 400, "top_logprobs",
@@ -129,8 +131,8 @@ std::vector<BadCase> cases() {
       {"stream_string", chat(R"("stream":"true")"), 400, "stream", true},
       {"stream_options_without_stream", chat(R"("stream_options":{"include_usage":true})"), 400,
        "stream_options", true},
-      {"include_usage_string", chat(R"("stream":true,"stream_options":{"include_usage":"x"})"),
-       400, "stream_options.include_usage", true},
+      {"include_usage_string", chat(R"("stream":true,"stream_options":{"include_usage":"x"})"), 400,
+       "stream_options.include_usage", true},
       {"n_two", chat(R"("n":2)"), 400, "n", true},
       {"model_number", chat(R"("model":5)"), 400, "model", true},
       {"cache_prompt_string", chat(R"("cache_prompt":"no")"), 400, "cache_prompt", true},
@@ -142,12 +144,10 @@ std::vector<BadCase> cases() {
        chat(
            R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}})"),
        400, "tool_choice", false, "unsupported"},
-      {"response_format_type", chat(R"("response_format":{"type":"xml"})"), 400,
-       "response_format"},
+      {"response_format_type", chat(R"("response_format":{"type":"xml"})"), 400, "response_format"},
       {"thinking_string", chat(R"("chat_template_kwargs":{"thinking":"yes"})"), 400,
        "chat_template_kwargs.thinking"},
-      {"reasoning_effort_medium", chat(R"("reasoning_effort":"medium")"), 400,
-       "reasoning_effort"},
+      {"reasoning_effort_medium", chat(R"("reasoning_effort":"medium")"), 400, "reasoning_effort"},
       // Context.
       {"max_tokens_over_context",
        request("POST", "/v1/chat/completions",
@@ -178,8 +178,7 @@ std::vector<BadCase> cases() {
        "tokens[0]", true},
       {"detokenize_out_of_vocab", request("POST", "/detokenize", R"({"tokens":[5000000]})"), 400,
        "tokens[0]", true},
-      {"apply_template_missing", request("POST", "/apply-template", R"({"x":1})"), 400,
-       "messages"},
+      {"apply_template_missing", request("POST", "/apply-template", R"({"x":1})"), 400, "messages"},
   };
 }
 
@@ -213,8 +212,7 @@ TEST_F(BadRequests, EachIsA4xxNamingTheField) {
       ASSERT_TRUE(j.contains("error")) << r.body;
       const json& e = j["error"];
       ASSERT_TRUE(e["message"].is_string());
-      EXPECT_NE(e["message"].get<std::string>().find(c.field), std::string::npos)
-          << e["message"];
+      EXPECT_NE(e["message"].get<std::string>().find(c.field), std::string::npos) << e["message"];
       EXPECT_TRUE(e["type"].is_string());
       if (c.param) {
         EXPECT_EQ(e["param"], c.field) << r.body;
@@ -252,8 +250,8 @@ TEST(ServeAuth, ApiKeyIsRequiredExceptForHealth) {
   };
   for (const AuthCase& c : auth) {
     SCOPED_TRACE(c.name);
-    const Reply r = call(s.port(), request("POST", "/v1/chat/completions", body,
-                                           "application/json", c.header));
+    const Reply r =
+        call(s.port(), request("POST", "/v1/chat/completions", body, "application/json", c.header));
     EXPECT_EQ(r.status, c.status) << r.body;
     if (c.status == 401) {
       EXPECT_EQ(r.body_json()["error"]["code"], "invalid_api_key");

@@ -175,8 +175,9 @@ TEST_F(Serve, ModelsTokenizeDetokenizeApplyTemplate) {
   EXPECT_TRUE(prompt.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"))
       << prompt;
   // /tokenize with messages counts the same prompt the completion is charged for.
-  const Reply tm = post(port(), "/tokenize", {{"messages", body["messages"]},
-                                              {"chat_template_kwargs", {{"thinking", true}}}});
+  const Reply tm =
+      post(port(), "/tokenize",
+           {{"messages", body["messages"]}, {"chat_template_kwargs", {{"thinking", true}}}});
   ASSERT_EQ(tm.status, 200) << tm.body;
   const Reply c = post(port(), "/v1/chat/completions", body);
   ASSERT_EQ(c.status, 200) << c.body;
@@ -354,8 +355,8 @@ TEST_F(Serve, CompletionsWithStringAndTokenIdsAgree) {
 
 TEST_F(Serve, GenerationThatReachesTheContextEndsWithLength) {
   // No max_tokens: generate up to the context (256 positions on kjv).
-  json body = {{"prompt", "And the LORD spake unto Moses"}, {"temperature", 0},
-               {"ignore_eos", true}};
+  json body = {
+      {"prompt", "And the LORD spake unto Moses"}, {"temperature", 0}, {"ignore_eos", true}};
   body["max_tokens"] = nullptr;
   const Reply r = post(port(), "/v1/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
@@ -411,10 +412,9 @@ TEST_F(Serve, MetricsArePrometheusText) {
     ++samples;
   }
   EXPECT_GT(samples, 20);
-  for (const char* name :
-       {"attnres_requests_running", "attnres_requests_waiting", "attnres_prompt_tokens_total",
-        "attnres_generation_tokens_total", "attnres_prefix_cache_hits_total",
-        "attnres_engine_step_seconds_total"})
+  for (const char* name : {"attnres_requests_running", "attnres_requests_waiting",
+                           "attnres_prompt_tokens_total", "attnres_generation_tokens_total",
+                           "attnres_prefix_cache_hits_total", "attnres_engine_step_seconds_total"})
     EXPECT_GE(metric(port(), name), 0) << name;
 }
 
@@ -428,7 +428,8 @@ TEST(ServeForced, ToolCallsReasoningAndContentFromForcedOutput) {
       "<|open|>think<|sep|>Hm.<|close|>think<|sep|>"
       "<|open|>response<|sep|>Ok.<|close|>response<|sep|>"
       "<|open|>tools<|sep|><|open|>call tool=\"get_weather\"<|sep|>"
-      "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris & \"Rome\" <b><|close|>argument<|sep|>"
+      "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris & \"Rome\" "
+      "<b><|close|>argument<|sep|>"
       "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
       "<|close|>call<|sep|><|open|>call tool=\"noop\"<|sep|><|close|>call<|sep|>"
       "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
@@ -457,15 +458,16 @@ TEST(ServeForced, ToolCallsReasoningAndContentFromForcedOutput) {
   EXPECT_EQ(a.reasoning, b.reasoning);
   EXPECT_EQ(a.finish_reason, b.finish_reason);
   ASSERT_EQ(b.tool_calls.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(a.tool_calls[i]["function"], b.tool_calls[i]["function"]);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(a.tool_calls[i]["function"], b.tool_calls[i]["function"]);
   // The next turn sends a call and its result back: rendered, matched by tool_call_id (only the
   // short call: kjv's context is 256 positions).
   json msgs = body["messages"];
   json reply = r.body_json()["choices"][0]["message"];
   reply["tool_calls"] = json::array({reply["tool_calls"][1]});
   msgs.push_back(reply);
-  msgs.push_back({{"role", "tool"}, {"tool_call_id", reply["tool_calls"][0]["id"]},
-                  {"content", "ok"}});
+  msgs.push_back(
+      {{"role", "tool"}, {"tool_call_id", reply["tool_calls"][0]["id"]}, {"content", "ok"}});
   json b2 = body;
   b2.erase("stream");
   b2["messages"] = msgs;
@@ -573,8 +575,8 @@ TEST(ServeScheduling, CancellingAQueuedRequestLeavesTheRunningOneUntouched) {
   ASSERT_TRUE(eventually([&] { return metric(s.port(), "attnres_requests_running") == 1; }));
   // B waits (one running slot); its client leaves.
   auto b = std::make_unique<Client>(s.port());
-  ASSERT_TRUE(b->send_raw(request("POST", "/v1/chat/completions",
-                                  long_body("And God said", 50).dump())));
+  ASSERT_TRUE(
+      b->send_raw(request("POST", "/v1/chat/completions", long_body("And God said", 50).dump())));
   ASSERT_TRUE(eventually([&] { return metric(s.port(), "attnres_requests_waiting") == 1; }));
   b->close_now();
   ASSERT_TRUE(eventually([&] { return metric(s.port(), "attnres_requests_waiting") == 0; }));
@@ -591,8 +593,8 @@ TEST(ServeScheduling, BeyondTheQueueIs503WithRetryAfter) {
   TestServer s(o);
   auto a = open_stream(s.port(), long_body("And God said", 200), 2);
   auto b = std::make_unique<Client>(s.port());
-  ASSERT_TRUE(b->send_raw(request("POST", "/v1/chat/completions",
-                                  long_body("And God said", 10).dump())));
+  ASSERT_TRUE(
+      b->send_raw(request("POST", "/v1/chat/completions", long_body("And God said", 10).dump())));
   ASSERT_TRUE(eventually([&] { return metric(s.port(), "attnres_requests_waiting") == 1; }));
   const Reply r = post(s.port(), "/v1/chat/completions", chat_body("Jesus wept", false, 3));
   EXPECT_EQ(r.status, 503) << r.body;
