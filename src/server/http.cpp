@@ -297,11 +297,25 @@ struct HttpServer::Impl {
   void shut(bool idle_only);  // shuts the sockets of idle (or all) connections down
   void serve(const std::shared_ptr<Conn>& c);
   void reap_done();
-  // Sends a plain error response (the handler's error shape is the server's business: these
-  // are framing errors the handler never sees) and closes.
+  // Sends an error for a request the handler never sees (framing, limits), in the OpenAI error
+  // shape the handlers use, and closes.
   void framing_error(int fd, int status, std::string_view message) {
-    const std::string body = std::string(message) + "\n";
-    HttpHeaders h = {{"Content-Type", "text/plain; charset=utf-8"},
+    std::string escaped;
+    for (char ch : message) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (ch == '"' || ch == '\\') {
+        escaped += '\\';
+        escaped += ch;
+      } else if (u < 0x20 || u >= 0x7f) {
+        escaped += '?';  // our messages are ASCII; anything else is not worth escaping here
+      } else {
+        escaped += ch;
+      }
+    }
+    const char* type = status == 503 ? "unavailable_error" : "invalid_request_error";
+    const std::string body = "{\"error\":{\"message\":\"" + escaped + "\",\"type\":\"" + type +
+                             "\",\"param\":null,\"code\":null}}";
+    HttpHeaders h = {{"Content-Type", "application/json"},
                      {"Content-Length", std::to_string(body.size())},
                      {"Connection", "close"}};
     if (status == 503) h.emplace_back("Retry-After", "1");

@@ -243,8 +243,7 @@ void dispatch(ServerState& s, const HttpRequest& req, HttpResponder& res, Reques
     return send_error(res, api_error(404, "no route " + req.method + " " + req.path), log);
   }
   route = r->prefix ? "/v1/models/ID" : r->path;
-  const bool head_ok = req.method == "HEAD" && std::string_view(r->method) == "GET";
-  if (req.method != r->method && !head_ok) {
+  if (req.method != r->method) {
     log.status = 405;
     json e = error_json(api_error(405, req.path + " takes " + r->method + ", not " + req.method));
     return send_json(res, 405, e, {{"Allow", r->method}});
