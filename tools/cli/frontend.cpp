@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 
 namespace attnres::cli {
@@ -20,10 +22,28 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--threads", a.threads,
                   "Threads (default: the physical cores this process may run on)");
   sub->add_option("--kv-budget", a.kv_budget,
-                  "Bytes for the KDA states and latent cache of running sequences "
-                  "(default: a full context per sequence)");
+                  "Bytes (K/M/G suffixes) for the KDA states and latent cache of running "
+                  "sequences, or auto (default: a full context per sequence)");
   sub->add_option("--ctx-size", a.ctx_size,
                   "Context length in tokens (default: the model's max_position_embeddings)");
+}
+
+Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
+  if (s == "auto") return int64_t{-1};
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  double mul = 1;
+  const std::string suffix = end ? std::string(end) : "";
+  if (suffix == "K" || suffix == "k") mul = 1024.0;
+  if (suffix == "M" || suffix == "m") mul = 1024.0 * 1024;
+  if (suffix == "G" || suffix == "g") mul = 1024.0 * 1024 * 1024;
+  const bool suffix_ok = suffix.empty() || mul > 1;
+  if (end == s.c_str() || errno != 0 || !suffix_ok || !(v > 0) || v * mul > 9.0e18)
+    return Status(ErrorCode::kInvalidArgument, std::string(flag) + " is '" + s +
+                                                   "', expected a positive byte count (e.g. "
+                                                   "4294967296, 512M, 4G) or auto");
+  return static_cast<int64_t>(v * mul);
 }
 
 Status apply_threads(int threads) {
@@ -61,13 +81,12 @@ Result<EngineOptions> engine_options(const ModelArgs& a) {
     return Status(ErrorCode::kInvalidArgument,
                   "--dtype is '" + a.dtype + "', expected bf16 or f32");
   }
-  if (a.kv_budget < -1)
-    return Status(ErrorCode::kInvalidArgument,
-                  "--kv-budget is " + std::to_string(a.kv_budget) + ", expected bytes >= 0");
+  auto kv_budget = parse_bytes(a.kv_budget, "--kv-budget");
+  if (!kv_budget) return kv_budget.status();
   if (a.ctx_size < 0)
     return Status(ErrorCode::kInvalidArgument,
                   "--ctx-size is " + std::to_string(a.ctx_size) + ", expected tokens >= 1");
-  o.kv_budget = a.kv_budget;
+  o.kv_budget = *kv_budget;
   o.context_length = a.ctx_size;
   if (a.kv_dtype == "auto") {
     o.cache = CacheType::kAuto;

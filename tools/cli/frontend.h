@@ -23,12 +23,14 @@ struct ModelArgs {
   std::string dtype = "bf16";
   std::string kv_dtype = "auto";
   int threads = 0;         // 0: the physical cores this process may run on
-  int64_t kv_budget = -1;  // bytes for KV states and the latent cache; -1: a full context each
-  int64_t ctx_size = 0;    // 0: the model's max_position_embeddings
+  std::string kv_budget = "auto";  // bytes (K/M/G suffixes) or auto: a full context each
+  int64_t ctx_size = 0;            // 0: the model's max_position_embeddings
 };
 // --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size.
 void add_model_options(CLI::App* sub, ModelArgs& a);
 
+// "123", "64M", "2G" (binary multiples) or "auto" (-1); errors name `flag`.
+Result<int64_t> parse_bytes(const std::string& s, const char* flag);
 // Applies --threads; errors name the flag.
 Status apply_threads(int threads);
 // Loads the model (progress on stderr when it is a terminal and `progress`).
