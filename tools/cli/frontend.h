@@ -22,7 +22,7 @@ struct ModelArgs {
   std::string tokenizer;  // default: MODEL/tiktoken.model
   std::string dtype = "bf16";
   std::string kv_dtype = "auto";
-  int threads = 0;         // 0: the physical cores this process may run on
+  int threads = 0;                 // 0: the physical cores this process may run on
   std::string kv_budget = "auto";  // bytes (K/M/G suffixes) or auto: a full context each
   int64_t ctx_size = 0;            // 0: the model's max_position_embeddings
 };
