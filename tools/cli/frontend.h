@@ -24,8 +24,11 @@ struct ModelArgs {
   std::string kv_dtype = "auto";
   int threads = 0;  // 0: the physical cores this process may run on
 };
-// --model, --tokenizer, --dtype, --kv-dtype, --threads.
+// --model, --tokenizer, --dtype, --kv-dtype, --threads. Records `a` as `sub`'s model flags,
+// which follower ranks use (model_args_of).
 void add_model_options(CLI::App* sub, ModelArgs& a);
+// The model flags of a subcommand that loads a model (null: it loads none).
+const ModelArgs* model_args_of(const CLI::App* sub);
 
 // Applies --threads; errors name the flag.
 Status apply_threads(int threads);
