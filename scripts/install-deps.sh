@@ -8,6 +8,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   clang clang-format libclang-rt-14-dev
   python3 python3-jinja2
+  openmpi-bin libopenmpi-dev bc
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -73,8 +73,8 @@ struct ModelInfo {
   int64_t hidden_size = 0;
   int64_t bytes_mapped = 0;
   int64_t tensors_bound = 0;
-  int64_t weight_bytes = 0;  // bytes of every bound tensor
-  int ranks = 1;             // processes sharing the model (tensor parallelism)
+  int64_t weight_bytes = 0;           // bytes of every bound tensor
+  int ranks = 1;                      // processes sharing the model (tensor parallelism)
   int64_t rank_weight_bytes = 0;      // this rank's share: its rows and the replicated tensors
   int64_t rank_replicated_bytes = 0;  // the replicated tensors alone
   bool has_tokenizer = false;

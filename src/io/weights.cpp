@@ -325,25 +325,22 @@ MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
                               dims({{"q_lora_rank", rq}, {"hidden_size", d}}), rq, 1);
     w.q_a_norm =
         b.bind(p + "q_a_layernorm.weight", Kind::kFloat, {rq}, dims({{"q_lora_rank", rq}}));
-    w.q_b_proj =
-        b.bind_split(p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
-                     dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}), H,
-                     nope + rope);
+    w.q_b_proj = b.bind_split(
+        p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
+        dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}), H, nope + rope);
   } else {
-    w.q_proj =
-        b.bind_split(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
-                     dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}), H,
-                     nope + rope);
+    w.q_proj = b.bind_split(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
+                            dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}),
+                            H, nope + rope);
   }
-  w.kv_a_proj = b.bind_split(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
-                             dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}),
-                             rkv + rope, 1);
+  w.kv_a_proj =
+      b.bind_split(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
+                   dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}), rkv + rope, 1);
   w.kv_a_norm =
       b.bind(p + "kv_a_layernorm.weight", Kind::kFloat, {rkv}, dims({{"kv_lora_rank", rkv}}));
-  w.kv_b_proj =
-      b.bind_split(p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
-                   dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}), H,
-                   nope + v);
+  w.kv_b_proj = b.bind_split(
+      p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
+      dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}), H, nope + v);
   if (c.mla_use_output_gate)
     w.g_proj = b.bind_split(p + "g_proj.weight", Kind::kFloat, {H * v, d},
                             dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}), H, v);
@@ -360,10 +357,9 @@ ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::stri
   m.cols = cols;
   m.mxfp4 = c.expert_format == ExpertFormat::kMxfp4;
   if (m.mxfp4) {
-    m.packed = b.bind_split(p + ".weight_packed", Kind::kU8, {rows, cols / 2},
-                            dims({{rows_name, rows}, {cols_name, cols}}) +
-                                ", two E2M1 codes per byte",
-                            rows, 1);
+    m.packed = b.bind_split(
+        p + ".weight_packed", Kind::kU8, {rows, cols / 2},
+        dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte", rows, 1);
     m.scale = b.bind_split(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
                            dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
                            rows, 1);
@@ -414,9 +410,9 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
   }
   if (c.routed_expert_hidden_size) {
     const int64_t r = *c.routed_expert_hidden_size;
-    w.latent_down = b.bind_split(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
-                                 dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}), r,
-                                 1);
+    w.latent_down =
+        b.bind_split(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
+                     dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}), r, 1);
     if (c.latent_moe_use_norm)
       w.latent_norm = b.bind(p + "routed_expert_norm.weight", Kind::kFloat, {r},
                              dims({{"routed_expert_hidden_size", r}}));
@@ -501,9 +497,8 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config) {
 
 DType release_dtype(const std::string& canon) {
   if (canon.ends_with("weight_packed") || canon.ends_with("weight_scale")) return DType::kU8;
-  if (canon.ends_with("conv1d.weight") || canon.ends_with("A_log") ||
-      canon.ends_with("dt_bias") || canon.ends_with("o_norm.weight") ||
-      canon.ends_with("e_score_correction_bias"))
+  if (canon.ends_with("conv1d.weight") || canon.ends_with("A_log") || canon.ends_with("dt_bias") ||
+      canon.ends_with("o_norm.weight") || canon.ends_with("e_score_correction_bias"))
     return DType::kF32;
   return DType::kBF16;
 }
@@ -511,9 +506,8 @@ DType release_dtype(const std::string& canon) {
 int64_t shard_tensor_bytes(const TensorSpec& spec, DType dtype, const Shard& shard) {
   int64_t inner = 1;
   for (size_t i = 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
-  const int64_t rows = spec.split_units > 0
-                           ? shard.range(spec.split_units).size() * spec.unit_rows
-                           : (spec.shape.empty() ? 1 : spec.shape[0]);
+  const int64_t rows = spec.split_units > 0 ? shard.range(spec.split_units).size() * spec.unit_rows
+                                            : (spec.shape.empty() ? 1 : spec.shape[0]);
   return rows * inner * static_cast<int64_t>(dtype_size(dtype));
 }
 

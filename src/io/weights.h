@@ -35,8 +35,9 @@ class SafetensorsFile;  // io/safetensors.h
 // cols = in_features), BF16 or F32, row-major: y = W x.
 using Matrix = TensorView;
 
-// A routed-expert projection [rows, cols] (rows: this rank's rows when sharded): MXFP4 (packed [rows, cols/2] U8 with the low nibble
-// the even element, scale [rows, cols/32] U8 E8M0) or a dense BF16/F32 matrix.
+// A routed-expert projection [rows, cols] (rows: this rank's rows when sharded): MXFP4 (packed
+// [rows, cols/2] U8 with the low nibble the even element, scale [rows, cols/32] U8 E8M0) or a dense
+// BF16/F32 matrix.
 struct ExpertMatrix {
   bool mxfp4 = false;
   int64_t rows = 0, cols = 0;

@@ -50,9 +50,9 @@ void project_inputs(const ModelConfig& c, const MlaWeights& w, const MlaDims& md
     // The projections of x at once (one parallel region): this rank's rows of q_a and kv_a
     // into its columns of cq and kva, its heads of q (without q_a) and of the gate.
     const Range qr = tp.range(rq), kr = tp.range(kvw);
-    MatmulJob jobs[3] = {cq ? cols_job(x, T, w.q_a_proj, cq, qr.begin, rq)
-                            : dense_job(x, T, w.q_proj, a.q),
-                         cols_job(x, T, w.kv_a_proj, kva, kr.begin, kvw)};
+    MatmulJob jobs[3] = {
+        cq ? cols_job(x, T, w.q_a_proj, cq, qr.begin, rq) : dense_job(x, T, w.q_proj, a.q),
+        cols_job(x, T, w.kv_a_proj, kva, kr.begin, kvw)};
     int n = 2;
     if (a.gate != nullptr) jobs[n++] = dense_job(x, T, w.g_proj, a.gate);
     project_batch(pj, jobs, n);

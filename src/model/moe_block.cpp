@@ -49,8 +49,8 @@ MoeDims moe_dims(const ModelConfig& c, const MoeWeights& w) {
 
 // This rank's share of the expert dimensions (everything with one rank).
 struct ExpertShare {
-  int64_t I;      // rows of w1 / w3 (intermediate)
-  Range r;        // rows of w2 (latent or model dimension): its columns of y
+  int64_t I;  // rows of w1 / w3 (intermediate)
+  Range r;    // rows of w2 (latent or model dimension): its columns of y
 };
 
 // y [T, r] += sum over each token's chosen experts of weight * expert(z), f32, in slices of
@@ -71,7 +71,7 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   float* h1 = arena.take<float>(S * K * Il);      // [S*K, I] (this rank's I)
   float* h3 = arena.take<float>(S * K * Il);      // [S*K, I]
   float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
-  float* eo = arena.take<float>(S * K * rl);      // [S*K, r] (this rank's r)
+  float* eo = arena.take<float>(S * K * rl);                       // [S*K, r] (this rank's r)
   MatmulJob* jobs = arena.take<MatmulJob>(2 * std::min(E, S * K));
   bool extra_sent = extra.full == nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += S) {
@@ -233,10 +233,10 @@ void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float
   const Proj pj = make_proj(opt, arena);
   const TpStep tp = tp_step(opt);
   const int64_t Il = w.gate.shape[0], I = c.intermediate_size, d = c.hidden_size;
-  float* g = arena.take<float>(T * Il);                      // [T, I] (this rank's)
-  float* u = arena.take<float>(T * Il);                      // [T, I]
+  float* g = arena.take<float>(T * Il);                     // [T, I] (this rank's)
+  float* u = arena.take<float>(T * Il);                     // [T, I]
   float* ga = tp.sharded() ? arena.take<float>(T * I) : g;  // [T, I] every rank's
-  float* tmp = arena.take<float>(T * d);                     // [T, d] so that out may alias x
+  float* tmp = arena.take<float>(T * d);                    // [T, d] so that out may alias x
   MatmulJob jobs[2] = {dense_job(x, T, w.gate, g), dense_job(x, T, w.up, u)};
   project_batch(pj, jobs, 2);
   gated_activation(c, g, u, T * Il, pj.bf16, g);

@@ -87,8 +87,7 @@ void TpStep::finish() const {
   if (tp != nullptr) tp->finish();
 }
 
-MatmulJob cols_job(const float* x, int64_t T, const Matrix& W, float* y, int64_t col0,
-                   int64_t ld) {
+MatmulJob cols_job(const float* x, int64_t T, const Matrix& W, float* y, int64_t col0, int64_t ld) {
   MatmulJob j = dense_job(x, T, W, y + col0);
   j.ldy = ld;
   return j;

@@ -90,8 +90,8 @@ inline GatherPart part(float* y, int64_t rows, int64_t units, int64_t unit, bool
   return p;
 }
 // The same with this rank's columns in a separate contiguous buffer `local`.
-inline GatherPart part_from(const float* local, float* y, int64_t rows, int64_t units,
-                            int64_t unit, bool bf16) {
+inline GatherPart part_from(const float* local, float* y, int64_t rows, int64_t units, int64_t unit,
+                            bool bf16) {
   GatherPart p = part(y, rows, units, unit, bf16);
   p.local = local;
   return p;

@@ -46,19 +46,19 @@ TpTraffic tp_decode_traffic(const ModelConfig& c, int ranks, bool bf16) {
   const int64_t kda_bytes = (c.linear.num_heads * c.linear.head_dim + d) * e;
   t.kda = 2;
   // MLA: the latents (q_a and kv_a in one gather), the heads' outputs, o_proj's rows.
-  const int64_t mla_bytes =
-      (c.q_lora_rank + c.kv_lora_rank + c.qk_rope_head_dim + c.num_attention_heads * c.v_head_dim +
-       d) *
-      e;
+  const int64_t mla_bytes = (c.q_lora_rank + c.kv_lora_rank + c.qk_rope_head_dim +
+                             c.num_attention_heads * c.v_head_dim + d) *
+                            e;
   t.mla = 3;
   // MoE: router scores (f32) with the latents, the selected experts' intermediates with the
   // shared experts', the latent aggregate, the output rows.
   const bool latent = c.routed_expert_hidden_size.has_value();
   const int64_t r = c.routed_expert_hidden_size.value_or(d);
   const int64_t shared = int64_t{c.num_shared_experts} * c.moe_intermediate_size;
-  const int64_t moe_bytes = c.num_experts * 4 + (latent ? r * e : 0) +
-                            (int64_t{c.num_experts_per_token} * c.moe_intermediate_size + shared) * e +
-                            (latent ? r * e : 0) + d * e;
+  const int64_t moe_bytes =
+      c.num_experts * 4 + (latent ? r * e : 0) +
+      (int64_t{c.num_experts_per_token} * c.moe_intermediate_size + shared) * e +
+      (latent ? r * e : 0) + d * e;
   t.moe = latent ? 4 : 3;
   // Dense: the intermediate, the output rows.
   const int64_t dense_bytes = (c.intermediate_size + d) * e;

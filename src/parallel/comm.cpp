@@ -26,8 +26,7 @@ bool started_by_mpi_launcher() {
 }  // namespace
 
 void SingleProcess::allgatherv(const void* send, void* recv, std::span<const int64_t> bytes) {
-  if (send != recv && !bytes.empty())
-    std::memmove(recv, send, static_cast<size_t>(bytes[0]));
+  if (send != recv && !bytes.empty()) std::memmove(recv, send, static_cast<size_t>(bytes[0]));
 }
 
 std::unique_ptr<PendingCollective> SingleProcess::start_allgatherv(const void* send, void* recv,

@@ -8,8 +8,7 @@
 namespace attnres {
 
 double comm_clock() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 namespace {
@@ -95,8 +94,8 @@ void TensorParallel::pack(std::span<const GatherPart> parts) {
   }
   stats_.gather_bytes += total;
   // One f32 row in place: the row itself is the rank-ordered concatenation of the blocks.
-  direct_ = parts_.size() == 1 && parts_[0].rows == 1 && !parts_[0].bf16 &&
-            parts_[0].local == nullptr;
+  direct_ =
+      parts_.size() == 1 && parts_[0].rows == 1 && !parts_[0].bf16 && parts_[0].local == nullptr;
   if (direct_) return;
   if (static_cast<int64_t>(staging_.size()) < total) staging_.resize(static_cast<size_t>(total));
   std::byte* dst = staging_.data() + block_offset_[static_cast<size_t>(me)];
@@ -143,8 +142,8 @@ void TensorParallel::start(std::span<const GatherPart> parts) {
   const int me = comm_->rank();
   if (direct_) {
     auto* row = reinterpret_cast<std::byte*>(parts_[0].full);
-    pending_ = comm_->start_allgatherv(row + block_offset_[static_cast<size_t>(me)], row,
-                                       block_bytes_);
+    pending_ =
+        comm_->start_allgatherv(row + block_offset_[static_cast<size_t>(me)], row, block_bytes_);
   } else {
     pending_ = comm_->start_allgatherv(staging_.data() + block_offset_[static_cast<size_t>(me)],
                                        staging_.data(), block_bytes_);

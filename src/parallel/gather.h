@@ -42,10 +42,10 @@ struct GatherPart {
 
 // Counters of the collectives a rank made (`attnres bench` reads them).
 struct CommStats {
-  int64_t collectives = 0;     // gathers + control broadcasts and reductions
-  int64_t gathers = 0;         // all-gathers (a fused gather counts once)
-  int64_t gather_bytes = 0;    // bytes of the assembled results (every rank's share, as sent)
-  double seconds = 0;          // wall time inside collectives (waiting included)
+  int64_t collectives = 0;   // gathers + control broadcasts and reductions
+  int64_t gathers = 0;       // all-gathers (a fused gather counts once)
+  int64_t gather_bytes = 0;  // bytes of the assembled results (every rank's share, as sent)
+  double seconds = 0;        // wall time inside collectives (waiting included)
 };
 
 class TensorParallel {
@@ -75,10 +75,10 @@ class TensorParallel {
 
   std::shared_ptr<Communicator> comm_;
   CommStats stats_;
-  std::vector<GatherPart> parts_;          // of the gather in flight
-  std::vector<int64_t> block_bytes_;       // [ranks]
-  std::vector<int64_t> block_offset_;      // [ranks]
-  std::vector<std::byte> staging_;         // every rank's block, in rank order
+  std::vector<GatherPart> parts_;      // of the gather in flight
+  std::vector<int64_t> block_bytes_;   // [ranks]
+  std::vector<int64_t> block_offset_;  // [ranks]
+  std::vector<std::byte> staging_;     // every rank's block, in rank order
   std::unique_ptr<PendingCollective> pending_;
   bool direct_ = false;  // one f32 row in place: gathered straight into `full`
   double started_ = 0;

@@ -16,9 +16,9 @@
 // every rank, so sampling is too.
 #include <algorithm>
 #include <chrono>
-#include <type_traits>
 #include <cmath>
 #include <deque>
+#include <type_traits>
 
 #include "attnres/engine.h"
 #include "io/weights.h"
@@ -188,8 +188,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
   if (group->size() > 1) {
     if (group->rank() != 0)
       return Status(ErrorCode::kInvalidArgument,
-                    rank_prefix(*group) + "Engine::create runs on the leader (rank 0); followers "
-                                          "mirror its engines in follow_leader()");
+                    rank_prefix(*group) +
+                        "Engine::create runs on the leader (rank 0); followers "
+                        "mirror its engines in follow_leader()");
     id = next_engine_id++;
     static_assert(std::is_trivially_copyable_v<EngineOptions>);
     Writer w;
@@ -227,9 +228,8 @@ Result<std::unique_ptr<Engine>> Engine::create_local(std::shared_ptr<const Model
     return bad("context length " + std::to_string(context) +
                " exceeds the model's max_position_embeddings " + std::to_string(model_ctx));
   std::unique_ptr<Engine> e(new Engine());
-  const int64_t per_seq =
-      Impl::reservation_bytes(c, model->weights().shard, KvPool(c, cache_dtype(o), o.page_tokens),
-                              context);
+  const int64_t per_seq = Impl::reservation_bytes(
+      c, model->weights().shard, KvPool(c, cache_dtype(o), o.page_tokens), context);
   const int64_t kv_budget = o.kv_budget >= 0 ? o.kv_budget : per_seq * o.max_sequences;
   auto impl = std::make_unique<Impl>(std::move(model), o, context, kv_budget);
   Impl& m = *impl;
@@ -456,13 +456,11 @@ Status FollowerAccess::replay(Engine& e, std::string_view events) {
     auto got = e.submit(std::move(req), GenerationCallbacks{});
     if (!got.is_ok() || *got != id)
       return Status(ErrorCode::kInconsistent,
-                    "request " + std::to_string(id) +
-                        " of the leader was " +
+                    "request " + std::to_string(id) + " of the leader was " +
                         (got.is_ok() ? "given id " + std::to_string(*got) + " here"
                                      : "refused here: " + got.status().message()));
   }
-  if (!r.ok())
-    return Status(ErrorCode::kInternal, "malformed step message from the leader");
+  if (!r.ok()) return Status(ErrorCode::kInternal, "malformed step message from the leader");
   return Status::ok();
 }
 

@@ -60,8 +60,7 @@ Status agree(Communicator& comm, const Status& mine, CommStats* stats) {
   const std::string text = mine.is_ok() ? "" : mine.message();
   std::vector<int64_t> lens(static_cast<size_t>(P), static_cast<int64_t>(sizeof(int64_t) * 2));
   std::vector<int64_t> heads(static_cast<size_t>(2 * P));
-  const int64_t my_head[2] = {static_cast<int64_t>(mine.code()),
-                              static_cast<int64_t>(text.size())};
+  const int64_t my_head[2] = {static_cast<int64_t>(mine.code()), static_cast<int64_t>(text.size())};
   comm.allgatherv(my_head, heads.data(), lens);
   std::vector<int64_t> bytes(static_cast<size_t>(P));
   int64_t total = 0;
@@ -223,9 +222,9 @@ int follow_leader(const FollowerOptions& o) {
         }
         return static_cast<int>(m.a);
       default:
-        fatal(Status(ErrorCode::kInternal,
-                     "unknown message " + std::to_string(static_cast<int64_t>(m.op)) +
-                         " from the leader"));
+        fatal(Status(
+            ErrorCode::kInternal,
+            "unknown message " + std::to_string(static_cast<int64_t>(m.op)) + " from the leader"));
     }
   }
 }

@@ -59,8 +59,9 @@ Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
   if (group->size() > 1) {
     if (group->rank() != 0)
       return Status(ErrorCode::kInvalidArgument,
-                    rank_prefix(*group) + "Model::load runs on the leader (rank 0); followers "
-                                          "load their shares in follow_leader()");
+                    rank_prefix(*group) +
+                        "Model::load runs on the leader (rank 0); followers "
+                        "load their shares in follow_leader()");
     Writer w;
     w.pod(o.require_tokenizer);
     send_to_followers(*group, LeaderOp::kLoadModel, 0, w.bytes());
@@ -105,8 +106,7 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
     if (hi != lo)
       return Status(ErrorCode::kInconsistent,
                     "the ranks loaded different models (shape or tensor sizes differ; this is " +
-                        rank_prefix(*group) + o.dir +
-                        "): give every rank the same --model");
+                        rank_prefix(*group) + o.dir + "): give every rank the same --model");
   }
   if (o.progress) {
     char line[256];

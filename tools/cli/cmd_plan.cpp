@@ -39,15 +39,15 @@ nlohmann::json tp_section(const ModelConfig& c, const PlanArgs& a, int64_t activ
   const std::vector<TpRankPlan> ranks = tp_rank_plans(c, a.ranks);
   const TpTraffic t = tp_decode_traffic(c, a.ranks, bf16);
   // The latent cache is per token and shared by every head: every rank holds all of it.
-  const int64_t cache_bytes = a.tokens * c.schedule.num_mla *
-                              (c.kv_lora_rank + c.qk_rope_head_dim) * (bf16 ? 2 : 4);
+  const int64_t cache_bytes =
+      a.tokens * c.schedule.num_mla * (c.kv_lora_rank + c.qk_rope_head_dim) * (bf16 ? 2 : 4);
   nlohmann::json j;
   j["ranks"] = a.ranks;
   j["gathers_per_token"] = t.gathers;
   j["gather_bytes_per_token"] = t.gather_bytes;
   j["control_collectives_per_token"] = t.control;
-  j["gathers_per_layer"] = {{"kda", t.kda}, {"mla", t.mla}, {"moe", t.moe}, {"dense", t.dense},
-                            {"lm_head", t.lm_head}};
+  j["gathers_per_layer"] = {
+      {"kda", t.kda}, {"mla", t.mla}, {"moe", t.moe}, {"dense", t.dense}, {"lm_head", t.lm_head}};
   j["latent_cache_bytes_per_sequence"] = cache_bytes;
   j["activation_storage_bytes"] = activation_bytes;
   nlohmann::json rows = nlohmann::json::array();

@@ -87,8 +87,7 @@ Result<std::string> read_text(const std::string& path) {
 
 // The prompts: one (--prompt-ids, --prompt-file) or one per non-empty line (--prompts-file).
 Result<std::vector<std::vector<int32_t>>> read_prompts(const RunArgs& a) {
-  const int given =
-      !a.prompt_ids.empty() + !a.prompt_file.empty() + !a.prompts_file.empty();
+  const int given = !a.prompt_ids.empty() + !a.prompt_file.empty() + !a.prompts_file.empty();
   if (given != 1)
     return Status(ErrorCode::kInvalidArgument,
                   "give exactly one of --prompt-ids, --prompt-file and --prompts-file");

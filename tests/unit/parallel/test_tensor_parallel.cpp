@@ -147,8 +147,7 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
           // The synthetic checkpoint stores A_log zero-padded to head_dim (as the release
           // does); the specs have its canonical [H].
           const ModelConfig& c = w->config;
-          const int64_t padding =
-              c.schedule.num_kda * (c.linear.head_dim - c.linear.num_heads) * 4;
+          const int64_t padding = c.schedule.num_kda * (c.linear.head_dim - c.linear.num_heads) * 4;
           EXPECT_EQ(predicted + padding, w->report.rank_bytes) << "P " << P;
         }
         if (P == 4) {
@@ -216,7 +215,8 @@ std::vector<float> run_schedule(const ModelWeights& w, ActDType act, TensorParal
   };
   step({{0, p0, true}, {1, {p1.begin(), p1.begin() + 5}, true}});
   step({{1, {p1.begin() + 5, p1.end()}, true}, {2, p2, false}});
-  for (int d = 0; d < 4; ++d) step({{2, {last[2]}, true}, {0, {last[0]}, true}, {1, {last[1]}, true}});
+  for (int d = 0; d < 4; ++d)
+    step({{2, {last[2]}, true}, {0, {last[0]}, true}, {1, {last[1]}, true}});
   return all;
 }
 
