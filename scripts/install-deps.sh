@@ -9,6 +9,7 @@ pkgs=(
   clang clang-format libclang-rt-14-dev
   python3 python3-jinja2
   libboost-dev
+  openmpi-bin libopenmpi-dev bc
 )
 # Node.js and npm run the openai-client tests of `attnres serve` (tests/npm). A machine that has
 # node from elsewhere (it brings its own npm) keeps it; Debian's packages fill what is missing.

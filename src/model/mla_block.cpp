@@ -1,5 +1,11 @@
 // Multi-head latent attention sublayer (k3-model.md §4: NoPE MLA with the sigmoid output gate)
 // over the rows of one step; each segment attends over its own sequence's latent cache.
+//
+// Tensor parallelism: a rank computes its output rows of q_a and kv_a, and all ranks gather
+// them (one fused gather: the latent norms need whole vectors, and the latent cache, shared by
+// every head, is held whole by every rank); q_b, kv_b, the attention and the output gate run on
+// the rank's heads; the heads' outputs are gathered, o_proj's output rows computed and gathered:
+// 3 gathers per layer. The output gate's sigmoid runs while the latents are in flight.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -13,9 +19,10 @@
 namespace attnres {
 namespace {
 
-MlaDims mla_dims(const ModelConfig& c) {
+// H: this rank's heads.
+MlaDims mla_dims(const ModelConfig& c, const TpStep& tp) {
   MlaDims md;
-  md.H = c.num_attention_heads;
+  md.H = tp.range(c.num_attention_heads).size();
   md.nope = c.qk_nope_head_dim;
   md.rope = c.qk_rope_head_dim;
   md.v = c.v_head_dim;
@@ -34,22 +41,33 @@ struct MlaRows {
 };
 
 void project_inputs(const ModelConfig& c, const MlaWeights& w, const MlaDims& md, const Proj& pj,
-                    const float* x, int64_t T, const MlaRows& a) {
+                    const TpStep& tp, const float* x, int64_t T, const MlaRows& a) {
   const bool bf16 = pj.bf16;
   const float eps = ModelConfig::kMlaLatentNormEps;
-  const int64_t kvw = md.r + md.rope;
-  float* cq = c.q_lora_rank > 0 ? pj.arena.take<float>(T * c.q_lora_rank) : nullptr;  // [T, r_q]
-  float* kva = pj.arena.take<float>(T * kvw);                                         // [T, r+rope]
+  const int64_t kvw = md.r + md.rope, rq = c.q_lora_rank;
+  float* cq = rq > 0 ? pj.arena.take<float>(T * rq) : nullptr;  // [T, r_q]
+  float* kva = pj.arena.take<float>(T * kvw);                   // [T, r+rope]
   {
-    // The projections of x at once (one parallel region).
-    MatmulJob jobs[3] = {cq ? dense_job(x, T, w.q_a_proj, cq) : dense_job(x, T, w.q_proj, a.q),
-                         dense_job(x, T, w.kv_a_proj, kva)};
+    // The projections of x at once (one parallel region): this rank's rows of q_a and kv_a
+    // into its columns of cq and kva, its heads of q (without q_a) and of the gate.
+    const Range qr = tp.range(rq), kr = tp.range(kvw);
+    MatmulJob jobs[3] = {
+        cq ? cols_job(x, T, w.q_a_proj, cq, qr.begin, rq) : dense_job(x, T, w.q_proj, a.q),
+        cols_job(x, T, w.kv_a_proj, kva, kr.begin, kvw)};
     int n = 2;
     if (a.gate != nullptr) jobs[n++] = dense_job(x, T, w.g_proj, a.gate);
     project_batch(pj, jobs, n);
   }
+  // The latents of every rank (one gather); the gate's sigmoid meanwhile.
+  if (cq)
+    tp.start({part(cq, T, rq, 1, bf16), part(kva, T, kvw, 1, bf16)});
+  else
+    tp.start({part(kva, T, kvw, 1, bf16)});
+  if (a.gate != nullptr)
+    for (int64_t i = 0; i < T * md.H * md.v; ++i) a.gate[i] = sigmoidf(a.gate[i]);
+  tp.finish();
   if (cq) {
-    rms_norm(cq, T, c.q_lora_rank, w.q_a_norm, eps, bf16, cq);
+    rms_norm(cq, T, rq, w.q_a_norm, eps, bf16, cq);
     project(pj, cq, T, w.q_b_proj, a.q);
   }
   // [c_kv | k_rot] per token, then c_kv normalised; the cache gets the normalised latents.
@@ -173,15 +191,16 @@ void attend_decode_rows(const MlaWeights& w, const MlaDims& md, int layer, Segme
 void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments segments,
                const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
   const Proj pj = make_proj(opt, arena);
+  const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
-  const MlaDims md = mla_dims(c);
-  const int64_t qw = md.nope + md.rope, ow = md.H * md.v;
+  const MlaDims md = mla_dims(c, tp);
+  const int64_t qw = md.nope + md.rope, ow = md.H * md.v, d = c.hidden_size;
   MlaRows a;
   a.q = arena.take<float>(T * md.H * qw);
   a.c_kv = arena.take<float>(T * md.r);
   a.k_rot = arena.take<float>(T * md.rope);
-  a.gate = w.g_proj.data != nullptr ? arena.take<float>(T * ow) : nullptr;
-  project_inputs(c, w, md, pj, x, T, a);
+  a.gate = w.g_proj.data != nullptr ? arena.take<float>(T * ow) : nullptr;  // then its sigmoid
+  project_inputs(c, w, md, pj, tp, x, T, a);
 
   // Every segment's latents into its sequence's cache; then each attends over its whole context
   // as stored (dequantised), so one-shot and chunked prefill and decode all attend to the same
@@ -208,10 +227,20 @@ void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments se
   }
   round_to_bf16(o, T * ow, bf16);
   if (a.gate != nullptr) {
-    for (int64_t i = 0; i < T * ow; ++i) o[i] *= sigmoidf(a.gate[i]);
+    for (int64_t i = 0; i < T * ow; ++i) o[i] *= a.gate[i];
     round_to_bf16(o, T * ow, bf16);
   }
-  project(pj, o, T, w.o_proj, out);
+  if (!tp.sharded()) {
+    project(pj, o, T, w.o_proj, out);
+    return;
+  }
+  const int64_t Hall = c.num_attention_heads;
+  float* oall = arena.take<float>(T * Hall * md.v);  // [T, H_all, v]
+  tp.gather({part_from(o, oall, T, Hall, md.v, bf16)});
+  const Range rows = tp.range(d);
+  MatmulJob j = cols_job(oall, T, w.o_proj, out, rows.begin, d);
+  project_batch(pj, &j, 1);
+  tp.gather({part(out, T, d, 1, bf16)});
 }
 
 }  // namespace attnres

@@ -9,6 +9,8 @@
 
 namespace attnres {
 
+class TensorParallel;  // parallel/gather.h
+
 // Activation dtype flow (ActDType, plan/executor.h):
 // f32: weights as stored, widened; every activation f32 (what the golden data use).
 // bf16: the official bf16 dtype flow. Values are rounded to bf16 where the bf16 HF model holds
@@ -38,6 +40,9 @@ struct ForwardOptions {
   bool mla_absorbed = false;   // force the absorbed MLA form for every step
   // When set, projection batches add their wall time and weight bytes here.
   ProjectionStats* projection_stats = nullptr;
+  // Tensor parallelism: this rank's communicator and gather state; null = one rank. The
+  // weights must have been bound for the same rank and rank count (ModelWeights::shard).
+  TensorParallel* tp = nullptr;
 
   bool bf16() const { return act == ActDType::kBF16; }
   KvCacheDtype cache_dtype() const {

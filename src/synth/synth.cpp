@@ -125,16 +125,6 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.ends_with(suffix);
 }
 
-// Storage dtype of the release for a canonical tensor name (k3-model.md §5).
-DType release_dtype(const std::string& canon) {
-  if (ends_with(canon, "weight_packed") || ends_with(canon, "weight_scale")) return DType::kU8;
-  if (ends_with(canon, "conv1d.weight") || ends_with(canon, "A_log") ||
-      ends_with(canon, "dt_bias") || ends_with(canon, "o_norm.weight") ||
-      ends_with(canon, "e_score_correction_bias"))
-    return DType::kF32;
-  return DType::kBF16;
-}
-
 bool is_gain(const std::string& canon) {
   return ends_with(canon, "layernorm.weight") || ends_with(canon, "norm.weight");
 }
@@ -288,7 +278,7 @@ bool is_owned_file(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
-  return {"tiny", "k3-mini"};
+  return {"tiny", "k3-mini", "tp-odd"};
 }
 
 Result<SynthPreset> synth_preset(const std::string& name) {
@@ -312,6 +302,20 @@ Result<SynthPreset> synth_preset(const std::string& name) {
                                    /*dense_inter=*/4096, /*experts=*/256, /*topk=*/8,
                                    /*shared=*/2, /*moe_inter=*/512, /*latent=*/512);
     p.shard_bytes = int64_t{1} << 30;
+  } else if (name == "tp-odd") {
+    // Every split dimension leaves a remainder for P = 3 (and most for 2 and 4), so the
+    // balanced partitions of tensor parallelism are uneven: 5 KDA and 5 MLA heads, 11 experts,
+    // hidden 176, vocab 1000, q_lora 80, kv_lora + rope 52, latent 160, expert intermediate 224,
+    // dense intermediate 304.
+    p.description =
+        "7 layers, hidden 176, 5 KDA / 5 MLA heads, 11 experts top-3, vocab 1000: no split "
+        "dimension divisible by 3 (tensor-parallel tests)";
+    p.text_config = k3_text_config(/*layers=*/7, /*hidden=*/176, /*vocab=*/1000, /*block=*/3,
+                                   /*kda_heads=*/5, /*mla_heads=*/5, /*q_lora=*/80,
+                                   /*kv_lora=*/44, /*nope=*/16, /*rope=*/8, /*v_dim=*/16,
+                                   /*dense_inter=*/304, /*experts=*/11, /*topk=*/3, /*shared=*/1,
+                                   /*moe_inter=*/224, /*latent=*/160);
+    p.text_config["linear_attn_config"]["head_dim"] = 32;
   } else {
     std::string known;
     for (const auto& n : synth_preset_names()) known += (known.empty() ? "" : ", ") + n;

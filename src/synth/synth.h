@@ -29,7 +29,8 @@ struct SynthPreset {
   int64_t shard_bytes = 0;     // 0: one model.safetensors; else shards + index of about this size
 };
 
-// Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "k3-mini" (the K3
+// Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "tp-odd" (like tiny
+// with no tensor-parallel split dimension divisible by 3), "k3-mini" (the K3
 // graph at ~2 GB: 20 layers, hidden 1024, block 6 -> 4 slots and a partial final block).
 std::vector<std::string> synth_preset_names();
 Result<SynthPreset> synth_preset(const std::string& name);

@@ -82,6 +82,10 @@ int64_t peak_rss_bytes() {
 struct SingleRun {
   double prefill_tps = 0, decode_tps = 0, attnres_share = 0;
   double dense_share = 0, dense_gb_s = 0, mxfp4_share = 0, mxfp4_gb_s = 0;
+  // Tensor parallelism, per decoded token: collectives, gathered bytes, share of decode time
+  // spent in collectives (waiting included).
+  double collectives_per_token = 0, gathers_per_token = 0, gather_bytes_per_token = 0,
+         comm_share = 0;
 };
 
 Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
@@ -115,6 +119,11 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
       ds > 0 ? static_cast<double>(end.dense_bytes - at_first.dense_bytes) / ds * 1e-9 : 0;
   r.mxfp4_gb_s =
       qs > 0 ? static_cast<double>(end.mxfp4_bytes - at_first.mxfp4_bytes) / qs * 1e-9 : 0;
+  const auto g = static_cast<double>(gen);
+  r.collectives_per_token = static_cast<double>(end.collectives - at_first.collectives) / g;
+  r.gathers_per_token = static_cast<double>(end.gathers - at_first.gathers) / g;
+  r.gather_bytes_per_token = static_cast<double>(end.gather_bytes - at_first.gather_bytes) / g;
+  r.comm_share = (end.comm_seconds - at_first.comm_seconds) / dc;
   return r;
 }
 
@@ -124,7 +133,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const ModelInfo& info = model->info();
   const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
   std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
-      mxfp4_gb_s;
+      mxfp4_gb_s, comm_share;
+  SingleRun last;
   for (int r = 0; r < a.reps; ++r) {
     auto run = single_run(model, eo, prompt, gen);
     if (!run) return fail(run.status().to_string());
@@ -135,6 +145,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     dense_gb_s.push_back(run->dense_gb_s);
     mxfp4_share.push_back(run->mxfp4_share);
     mxfp4_gb_s.push_back(run->mxfp4_gb_s);
+    comm_share.push_back(run->comm_share);
+    last = *run;
   }
   const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
   const int64_t weight_bpt = decode_weight_bytes_per_token(*model);
@@ -151,7 +163,13 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"model", a.model.model},
       {"dtype", a.model.dtype},
       {"threads", thread_count()},
-      {"ranks", 1},
+      {"ranks", info.ranks},
+      {"rank_weight_bytes", info.rank_weight_bytes},
+      {"rank_replicated_bytes", info.rank_replicated_bytes},
+      {"collectives_per_token", last.collectives_per_token},
+      {"gathers_per_token", last.gathers_per_token},
+      {"gather_bytes_per_token", last.gather_bytes_per_token},
+      {"comm_share", median(comm_share)},
       {"prompt_tokens", a.prompt_tokens},
       {"gen_tokens", gen},
       {"reps", a.reps},
@@ -181,8 +199,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("model          %s (%s, %d threads)\n", a.model.model.c_str(), a.model.dtype.c_str(),
-              thread_count());
+  std::printf("model          %s (%s, %d threads, %d rank%s)\n", a.model.model.c_str(),
+              a.model.dtype.c_str(), thread_count(), info.ranks, info.ranks > 1 ? "s" : "");
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
   std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
@@ -202,7 +220,15 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       "rest %.1f%%\n",
       100.0 * median(dense_share), median(dense_gb_s), 100.0 * median(mxfp4_share),
       median(mxfp4_gb_s), 100.0 * (1.0 - median(dense_share) - median(mxfp4_share)));
-  std::printf("peak RSS       %.2f GB (weights are memory-mapped)\n",
+  if (info.ranks > 1)
+    std::printf(
+        "ranks          %d: %.1f collectives/token (%.1f gathers), %.2f MB gathered/token, "
+        "%.1f%% of decode time in collectives; rank 0 weights %.1f MB (%.1f MB replicated)\n",
+        info.ranks, last.collectives_per_token, last.gathers_per_token,
+        last.gather_bytes_per_token / 1e6, 100.0 * median(comm_share),
+        static_cast<double>(info.rank_weight_bytes) / 1e6,
+        static_cast<double>(info.rank_replicated_bytes) / 1e6);
+  std::printf("peak RSS       %.2f GB (rank 0; weights are memory-mapped)\n",
               static_cast<double>(peak_rss_bytes()) / 1e9);
   return 0;
 }
@@ -336,7 +362,7 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
     std::cout << nlohmann::json{{"model", a.model.model},
                                 {"dtype", a.model.dtype},
                                 {"threads", thread_count()},
-                                {"ranks", 1},
+                                {"ranks", model->info().ranks},
                                 {"prompt_tokens", a.prompt_tokens},
                                 {"gen_tokens", gen},
                                 {"stream_gb_s", stream.read_gb_s},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 namespace attnres::cli {
 
@@ -13,7 +14,23 @@ bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
+namespace {
+
+std::map<const CLI::App*, const ModelArgs*>& model_args_registry() {
+  static std::map<const CLI::App*, const ModelArgs*> r;
+  return r;
+}
+
+}  // namespace
+
+const ModelArgs* model_args_of(const CLI::App* sub) {
+  const auto& r = model_args_registry();
+  auto it = r.find(sub);
+  return it == r.end() ? nullptr : it->second;
+}
+
 void add_model_options(CLI::App* sub, ModelArgs& a) {
+  model_args_registry()[sub] = &a;
   sub->add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
   sub->add_option("--tokenizer", a.tokenizer, "tiktoken.model (default: MODEL/tiktoken.model)");
   sub->add_option("--dtype", a.dtype, "Activation dtype: bf16 (default) or f32");

@@ -26,8 +26,11 @@ struct ModelArgs {
   std::string kv_budget = "auto";  // bytes (K/M/G suffixes) or auto: a full context each
   int64_t ctx_size = 0;            // 0: the model's max_position_embeddings
 };
-// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size.
+// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size. Records `a` as
+// `sub`'s model flags, which follower ranks use (model_args_of).
 void add_model_options(CLI::App* sub, ModelArgs& a);
+// The model flags of a subcommand that loads a model (null: it loads none).
+const ModelArgs* model_args_of(const CLI::App* sub);
 
 // "123", "64M", "2G" (binary multiples) or "auto" (-1); errors name `flag`.
 Result<int64_t> parse_bytes(const std::string& s, const char* flag);
