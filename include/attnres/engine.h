@@ -191,6 +191,7 @@ struct EngineStats {
   double attnres_read_seconds = 0;              // AttnRes reads inside them
   double dense_seconds = 0, mxfp4_seconds = 0;  // projection batches (ProjectionStats)
   int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  double dense_flops = 0, mxfp4_flops = 0;
   int64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_matched = 0,
           prefix_tokens_restored = 0, prefix_tokens_recomputed = 0, prefix_bytes = 0,
           prefix_entries = 0;

@@ -29,6 +29,7 @@ std::string_view kv_cache_dtype_name(KvCacheDtype d);
 struct ProjectionStats {
   double dense_seconds = 0, mxfp4_seconds = 0;
   int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  double dense_flops = 0, mxfp4_flops = 0;  // 2 x rows x weight elements of each job
   int64_t batches = 0;
 };
 

@@ -30,13 +30,17 @@ void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
 
 void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double seconds) {
   int64_t bytes = 0;
+  double flops = 0;
   bool mxfp4 = false;
   for (int64_t i = 0; i < n; ++i) {
     bytes += job_weight_bytes(jobs[i]);
+    flops += 2.0 * static_cast<double>(jobs[i].T) * static_cast<double>(jobs[i].N) *
+             static_cast<double>(jobs[i].K);
     mxfp4 = mxfp4 || (jobs[i].kind == WeightKind::kMxfp4 && jobs[i].T > 0);
   }
   (mxfp4 ? stats.mxfp4_seconds : stats.dense_seconds) += seconds;
   (mxfp4 ? stats.mxfp4_bytes : stats.dense_bytes) += bytes;
+  (mxfp4 ? stats.mxfp4_flops : stats.dense_flops) += flops;
   ++stats.batches;
 }
 

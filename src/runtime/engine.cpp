@@ -490,6 +490,8 @@ Status Engine::step() {
   m.stats.mxfp4_seconds = m.proj.mxfp4_seconds;
   m.stats.dense_bytes = m.proj.dense_bytes;
   m.stats.mxfp4_bytes = m.proj.mxfp4_bytes;
+  m.stats.dense_flops = m.proj.dense_flops;
+  m.stats.mxfp4_flops = m.proj.mxfp4_flops;
   const CommStats& cs = m.tp->stats();
   m.stats.collectives = cs.collectives;
   m.stats.gathers = cs.gathers;

@@ -240,6 +240,7 @@ struct ConcurrentRun {
   int64_t dense_bytes_per_step = 0, mxfp4_bytes_per_step = 0, bytes_per_step = 0;
   double roofline_fraction = 0;
   double dense_gb_s = 0, mxfp4_gb_s = 0, dense_share = 0, mxfp4_share = 0;
+  double dense_gflop_s = 0, mxfp4_gflop_s = 0;  // arithmetic rate inside each phase
 };
 
 Result<ConcurrentRun> concurrent_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
@@ -306,6 +307,8 @@ Result<ConcurrentRun> concurrent_run(std::shared_ptr<const Model> model, const E
   r.mxfp4_share = qs / secs;
   r.dense_gb_s = ds > 0 ? static_cast<double>(stop.dense_bytes - start.dense_bytes) / ds / 1e9 : 0;
   r.mxfp4_gb_s = qs > 0 ? static_cast<double>(stop.mxfp4_bytes - start.mxfp4_bytes) / qs / 1e9 : 0;
+  r.dense_gflop_s = ds > 0 ? (stop.dense_flops - start.dense_flops) / ds / 1e9 : 0;
+  r.mxfp4_gflop_s = qs > 0 ? (stop.mxfp4_flops - start.mxfp4_flops) / qs / 1e9 : 0;
   return r;
 }
 
@@ -326,7 +329,7 @@ Result<std::vector<int>> parse_concurrency(const std::string& s) {
 }
 
 int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
-                   const MemoryBandwidth& stream) {
+                   const MemoryBandwidth& stream, const ComputePeak& peak) {
   auto counts = parse_concurrency(a.concurrency);
   if (!counts) return fail(counts.status().to_string());
   const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 128;
@@ -335,7 +338,7 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
   if (!a.json)
     std::printf("%4s %14s %14s %9s %16s %16s %9s  %s\n", "N", "aggregate tok/s", "per-seq tok/s",
                 "TTFT s", "dense MB/step", "MXFP4 MB/step", "roofline",
-                "time in dense / MXFP4 projections (GB/s)");
+                "time in dense / MXFP4 projections (GB/s, GFLOP/s)");
   for (int n : *counts) {
     auto r = concurrent_run(model, eo, n, a.prompt_tokens, gen, cache_elem, stream.read_gb_s);
     if (!r) return fail(r.status().to_string());
@@ -350,13 +353,18 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
                     {"dense_proj_share", r->dense_share},
                     {"dense_proj_gb_s", r->dense_gb_s},
                     {"mxfp4_proj_share", r->mxfp4_share},
-                    {"mxfp4_proj_gb_s", r->mxfp4_gb_s}});
+                    {"mxfp4_proj_gb_s", r->mxfp4_gb_s},
+                    {"dense_proj_gflop_s", r->dense_gflop_s},
+                    {"mxfp4_proj_gflop_s", r->mxfp4_gflop_s}});
     if (!a.json)
-      std::printf("%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%  %.0f%% (%.1f) / %.0f%% (%.1f)\n",
-                  n, r->aggregate_tps, r->per_seq_tps, r->ttft_s,
-                  static_cast<double>(r->dense_bytes_per_step) / 1e6,
-                  static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction,
-                  100.0 * r->dense_share, r->dense_gb_s, 100.0 * r->mxfp4_share, r->mxfp4_gb_s);
+      std::printf(
+          "%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%  %.0f%% (%.1f, %.0f) / %.0f%% (%.1f, "
+          "%.0f)\n",
+          n, r->aggregate_tps, r->per_seq_tps, r->ttft_s,
+          static_cast<double>(r->dense_bytes_per_step) / 1e6,
+          static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction,
+          100.0 * r->dense_share, r->dense_gb_s, r->dense_gflop_s, 100.0 * r->mxfp4_share,
+          r->mxfp4_gb_s, r->mxfp4_gflop_s);
   }
   if (a.json) {
     std::cout << nlohmann::json{{"model", a.model.model},
@@ -366,14 +374,18 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
                                 {"prompt_tokens", a.prompt_tokens},
                                 {"gen_tokens", gen},
                                 {"stream_gb_s", stream.read_gb_s},
+                                {"peak_gflops", peak.gflop_s},
+                                {"peak_instruction", peak.instruction},
                                 {"concurrency", rows},
                                 {"peak_rss_bytes", peak_rss_bytes()}}
                      .dump(2)
               << "\n";
   } else {
-    std::printf("STREAM read %.2f GB/s, %d threads, %lld prompt + %lld generated tokens each\n",
-                stream.read_gb_s, thread_count(), static_cast<long long>(a.prompt_tokens),
-                static_cast<long long>(gen));
+    std::printf(
+        "STREAM read %.2f GB/s, %s peak %.1f GFLOP/s, %d threads, %lld prompt + %lld generated "
+        "tokens each\n",
+        stream.read_gb_s, peak.instruction.c_str(), peak.gflop_s, thread_count(),
+        static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen));
   }
   return 0;
 }
@@ -396,7 +408,7 @@ int run_bench(const BenchArgs& a) {
     auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4);
     if (!warm) return fail(warm.status().to_string());
   }
-  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream);
+  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream, peak);
   return run_single(a, *model, *eo, *stream, peak, load_s);
 }
 
