@@ -28,7 +28,7 @@ namespace attnres {
 class Communicator;  // internal (src/parallel/comm.h)
 
 // Call first in main(): starts MPI when the process was started by an MPI launcher and the
-// build has MPI (FUNNELED threading). An error when it was started by a launcher with P > 1 but
+// build has MPI (SERIALIZED threading). An error when it was started by a launcher with P > 1 but
 // the build has no MPI.
 Status start_processes(int* argc, char*** argv);
 int process_rank();   // 0 without a launcher

@@ -7,8 +7,8 @@
 // Contract: every rank calls the same collectives in the same order with matching sizes
 // (collectives are not matched by tag); a collective that a peer never reaches blocks, so
 // callers keep every rank on the same schedule (runtime/follower.h). Collectives are called
-// from one thread per process (the thread that drives the engine; MPI is initialised
-// FUNNELED), never from inside an OpenMP region.
+// by one thread of a process at a time (the thread that drives the engine; MPI is initialised
+// SERIALIZED), never from inside a parallel region.
 // Failure policy: an MPI error aborts the whole job (MPI's default handler); abort() ends every
 // rank at once with a non-zero status.
 #pragma once
@@ -74,7 +74,7 @@ class SingleProcess final : public Communicator {
 // the single process. start_process_group() must run first (main()); later calls return the
 // same communicator.
 std::shared_ptr<Communicator> process_group();
-// Initialises MPI (MPI_Init_thread, FUNNELED) when this process was started by an MPI launcher
+// Initialises MPI (MPI_Init_thread, SERIALIZED) when this process was started by an MPI launcher
 // and the build has MPI; returns a message when it was but the build has none (a launcher with
 // P > 1 would otherwise run P independent copies), else an empty string.
 std::string start_process_group(int* argc, char*** argv);

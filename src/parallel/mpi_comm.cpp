@@ -1,8 +1,9 @@
 // The MPI communicator (comm.h): the one file of attnres that includes <mpi.h>. Built only with
 // ATTNRES_MPI (CMake option, on where MPI is found).
 //
-// MPI is initialised MPI_THREAD_FUNNELED: the thread that drives the engine makes every MPI call
-// and the OpenMP team keeps computing between them. Errors use MPI's default handler
+// MPI is initialised MPI_THREAD_SERIALIZED: the thread that drives the engine makes the MPI calls
+// (never two threads at once; serve's engine loop is not the main thread) and the worker pool
+// keeps computing between them. Errors use MPI's default handler
 // (MPI_ERRORS_ARE_FATAL: the job is aborted), so no rank is left waiting on a dead peer; with
 // Open MPI, mpirun also ends every rank when one exits non-zero or is killed by a signal.
 #include <mpi.h>
@@ -164,13 +165,16 @@ class MpiComm final : public Communicator {
 
 std::shared_ptr<Communicator> mpi_world(int* argc, char*** argv) {
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+  // SERIALIZED: one thread at a time calls MPI, not always the same one (serve creates engines
+  // on the main thread and steps them on its engine loop thread).
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
     std::fprintf(stderr, "error: MPI_Init_thread failed\n");
     std::exit(1);
   }
-  if (provided < MPI_THREAD_FUNNELED) {
-    std::fprintf(stderr, "error: the MPI library provides thread level %d, FUNNELED (%d) needed\n",
-                 provided, MPI_THREAD_FUNNELED);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    std::fprintf(stderr,
+                 "error: the MPI library provides thread level %d, SERIALIZED (%d) needed\n",
+                 provided, MPI_THREAD_SERIALIZED);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   return std::make_shared<MpiComm>();

@@ -1,6 +1,7 @@
 // The leader/follower protocol (follower.h) and the process-group API (attnres/parallel.h).
 #include "runtime/follower.h"
 
+#include <csignal>
 #include <cstdio>
 #include <map>
 
@@ -160,6 +161,11 @@ void end_processes(int status) {
 }
 
 int follow_leader(const FollowerOptions& o) {
+  // A follower ends when the leader says so. The SIGINT or SIGTERM mpirun forwards to every rank
+  // is the leader's to act on (serve stops cleanly, generate cancels); a leader that dies of it
+  // ends the job through the launcher.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_IGN);
   std::shared_ptr<Communicator> group = o.load.group ? o.load.group : process_group();
   std::shared_ptr<const Model> model;
   std::map<int64_t, std::unique_ptr<Engine>> engines;

@@ -5,7 +5,11 @@
 // It listens first (printing "listening on http://HOST:PORT"; --port 0 takes a free port),
 // answers /health with 503 while the model loads, and stops cleanly on SIGINT or SIGTERM:
 // running streams get a final error event, then every thread is joined.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +41,15 @@ struct ServeArgs {
   int test_load_delay_ms = 0;
   int test_step_delay_ms = 0;
 };
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_stop_signal(int sig) {
+  const int saved = errno;
+  if (write(g_signal_pipe[1], &sig, sizeof sig) < 0) {
+  }
+  errno = saved;
+}
 
 int run_serve(const ServeArgs& a) {
   auto bad = [](const std::string& m) { return fail(m); };
@@ -75,12 +88,14 @@ int run_serve(const ServeArgs& a) {
   o.test_step_delay_ms = a.test_step_delay_ms;
   o.log_requests = !a.quiet;
 
-  // SIGINT and SIGTERM are taken by one thread (sigwait); every other thread blocks them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // SIGINT and SIGTERM write their number to a pipe that one thread waits on: whichever thread
+  // the kernel picks (a worker, an MPI library thread) runs only the async-signal-safe write.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return bad("cannot create the signal pipe");
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   auto srv = server::Server::listen(o);
@@ -91,13 +106,15 @@ int run_serve(const ServeArgs& a) {
   std::atomic<int> got_signal{0};
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&sigs, &sig);
+    while (read(g_signal_pipe[0], &sig, sizeof sig) < 0 && errno == EINTR) {
+    }
     got_signal = sig;
   });
   Status st = (*srv)->load();
   if (!st.is_ok()) {
     (*srv)->stop();
-    pthread_kill(waiter.native_handle(), SIGTERM);
+    const int none = -1;  // wakes the waiter: no signal came
+    if (write(g_signal_pipe[1], &none, sizeof none) < 0) std::perror("attnres serve: signal pipe");
     waiter.join();
     return bad(st.to_string());
   }
