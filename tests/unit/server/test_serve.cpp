@@ -595,12 +595,17 @@ TEST(ServeScheduling, BeyondTheQueueIs503WithRetryAfter) {
   auto b = std::make_unique<Client>(s.port());
   ASSERT_TRUE(
       b->send_raw(request("POST", "/v1/chat/completions", long_body("And God said", 10).dump())));
-  ASSERT_TRUE(eventually([&] { return metric(s.port(), "attnres_requests_waiting") == 1; }));
+  // B is queued once A runs and one more is waiting (A alone, before the loop's first step
+  // counts it as running, reads as one waiting too).
+  ASSERT_TRUE(eventually([&] {
+    return metric(s.port(), "attnres_requests_running") == 1 &&
+           metric(s.port(), "attnres_requests_waiting") == 1;
+  }));
   const Reply r = post(s.port(), "/v1/chat/completions", chat_body("Jesus wept", false, 3));
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.header("retry-after"), "1");
   EXPECT_EQ(r.body_json()["error"]["code"], "server_busy");
-  EXPECT_GE(metric(s.port(), "attnres_requests_rejected_total{reason=\"full\"}"), 0);
+  EXPECT_EQ(metric(s.port(), "attnres_requests_rejected_total{reason=\"full\"}"), 1);
   // /health answers at once while the slot and the queue are full.
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(get(s.port(), "/health").status, 200);
