@@ -252,3 +252,27 @@ describe('openai client against a server with limits', () => {
     }
   });
 });
+
+describe('a real serve process and its signals', () => {
+  test('SIGTERM ends an active stream with an error event, exits 0; one log line per request', async () => {
+    const s = await startServer(['--parallel', '2', '--test-step-delay-ms', '20'], { quiet: false });
+    const c = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    const done = await c.completions.create({ model: 'kjv', prompt: 'And God said', max_tokens: 4, temperature: 0 });
+    assert.ok(await eventually(async () => s.log().includes(done.id)));
+    const line = s.log().split('\n').find((l) => l.includes(done.id));
+    for (const field of ['POST /v1/completions 200', 'prompt=', 'cached=0', 'completion=4', 'time='])
+      assert.ok(line.includes(field), `log line '${line}' lacks '${field}'`);
+    const stream = await c.chat.completions.create(
+      { model: 'kjv', messages: user('And God said'), max_tokens: 200, temperature: 0, ignore_eos: true, stream: true, ...noThinking });
+    const it = stream[Symbol.asyncIterator]();
+    await it.next();
+    const exited = new Promise((res) => s.proc.on('exit', (code, sig) => res(code ?? sig)));
+    s.proc.kill('SIGTERM');
+    await assert.rejects(
+      (async () => { for (;;) { const r = await it.next(); if (r.done) return; } })(),
+      (e) => e instanceof OpenAI.APIError && /shut/i.test(e.message),
+    );
+    assert.equal(await exited, 0, 'serve exits 0 on SIGTERM with a stream running');
+    assert.ok(s.log().includes('attnres serve: stopped'));
+  });
+});

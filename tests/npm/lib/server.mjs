@@ -10,8 +10,8 @@ export const sourceDir = process.env.ATTNRES_SOURCE_DIR ?? path.resolve(path.dir
 export const cli = process.env.ATTNRES_CLI ?? path.join(sourceDir, 'build/release/attnres');
 export const kjv = path.join(sourceDir, 'models/kjv');
 
-export async function startServer(args = [], { env = {}, timeoutMs = 60000, model = kjv } = {}) {
-  const proc = spawn(cli, ['serve', '--model', model, '--port', '0', '--quiet', ...args], {
+export async function startServer(args = [], { env = {}, timeoutMs = 60000, model = kjv, quiet = true } = {}) {
+  const proc = spawn(cli, ['serve', '--model', model, '--port', '0', ...(quiet ? ['--quiet'] : []), ...args], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
