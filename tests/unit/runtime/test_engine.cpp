@@ -2,9 +2,14 @@
 // that are bitwise the same alone and sharing steps, admission errors, cancellation, bounded
 // memory.
 #include <gtest/gtest.h>
-#include "util/parallel.h"
 
+#include <unistd.h>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "util/parallel.h"
 
 #include "engine_util.h"
 
@@ -277,6 +282,46 @@ TEST(Engine, CancelStopsOnlyThatRequest) {
   EXPECT_EQ(q.result.reason, FinishReason::kCancelled);
   EXPECT_TRUE(q.result.tokens.empty());
   ASSERT_TRUE((*e)->run().is_ok());
+}
+
+// A model whose final norm weight is NaN: generation ends with an error that names the step and
+// the token, not a stream of token 0 (argmax over NaN), and other requests are not affected.
+TEST(Engine, NonFiniteLogitsAreAnErrorNamingTheStep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("attnres_nan_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(fs::path(testing::golden_dir("tiny-a")) / f, dir / f);
+  {
+    std::fstream st(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    st.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    st.read(header.data(), static_cast<std::streamsize>(n));
+    const auto t = nlohmann::json::parse(header)["language_model.model.norm.weight"];
+    ASSERT_EQ(t["dtype"], "BF16");
+    const int64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+    st.seekp(static_cast<std::streamoff>(8 + n + static_cast<uint64_t>(begin)));
+    for (int64_t i = begin; i < end; i += 2) st.write("\xc0\x7f", 2);  // bf16 quiet NaN
+  }
+  ModelLoadOptions lo;
+  lo.dir = dir.string();
+  lo.require_tokenizer = false;
+  auto model = Model::load(lo);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  for (ActivationType act : {ActivationType::kF32, ActivationType::kBF16}) {
+    EngineOptions o = f32_engine(8, 2);
+    o.activation = act;
+    const std::vector<Outcome> out = run_requests(*model, o, {greedy({5, 6, 7}, 4)});
+    ASSERT_TRUE(out[0].finished);
+    EXPECT_EQ(out[0].result.reason, FinishReason::kError);
+    EXPECT_TRUE(out[0].result.tokens.empty());
+    const std::string m = out[0].result.error.message();
+    EXPECT_NE(m.find("non-finite logit"), std::string::npos) << m;
+    EXPECT_NE(m.find("at position 3 of request"), std::string::npos) << "names the step: " << m;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
