@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Smoke-runs every libFuzzer target for SECONDS over a temporary copy of its seed corpus
-# (fuzz/corpus/<name>/, with fuzz/<name>.dict when present). Fails if any target crashes,
-# leaks, times out on an input or exceeds the memory limit; the crashing input is kept in
-# BUILD_DIR/fuzz-artifacts/ and printed as hex.
+# (fuzz/corpus/<name>/, with fuzz/<name>.dict and fuzz/<name>.options when present). Fails if
+# any target crashes, leaks, times out on an input or exceeds the memory limit; the crashing
+# input is kept in BUILD_DIR/fuzz-artifacts/ and printed as hex.
 # Usage: scripts/fuzz-smoke.sh BUILD_DIR SECONDS      (BUILD_DIR from the `fuzz` preset)
 set -euo pipefail
 if [ $# -ne 2 ]; then
@@ -31,9 +31,16 @@ for corpus in "$root"/fuzz/corpus/*/; do
   cp -r "$corpus"/. "$work/$name/"
   dict=()
   [ -f "$root/fuzz/$name.dict" ] && dict=("-dict=$root/fuzz/$name.dict")
+  # fuzz/<name>.options (OSS-Fuzz style, "max_len = N") raises the input size for targets whose
+  # seeds are larger (a whole model directory).
+  max_len=16384
+  if [ -f "$root/fuzz/$name.options" ]; then
+    v=$(sed -n 's/^max_len *= *\([0-9][0-9]*\) *$/\1/p' "$root/fuzz/$name.options")
+    [ -n "$v" ] && max_len=$v
+  fi
   echo "== fuzz $name for ${seconds}s ($(ls "$corpus" | wc -l) seeds)"
   if "$bin" "$work/$name" "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
-       -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
+       -rss_limit_mb=2048 -max_len="$max_len" -print_final_stats=1 \
        -artifact_prefix="$artifacts/$name-" >"$work/$name.log" 2>&1; then
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$name.log" || true
     echo "   $name: no crash"

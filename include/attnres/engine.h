@@ -19,6 +19,12 @@
 //
 // Thread-safety: an Engine is driven by one thread (submit, cancel, step); callbacks run on
 // that thread inside step(). Models are safe to share.
+//
+// Several processes (attnres/parallel.h): a Model loaded under an MPI launcher is this rank's
+// share of the weights, and an Engine runs on every rank of the group: the leader (rank 0)
+// drives it through this API; step() broadcasts what was submitted and cancelled since the last
+// step to the followers, which mirror it. Results and callbacks are the leader's; they are
+// bitwise those of one process.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +48,10 @@ int default_thread_count();
 void set_thread_count(int threads);
 int thread_count();
 
-struct ModelWeights;  // internal (src/io/weights.h)
-class Tokenizer;      // internal (src/tokenizer/tokenizer.h)
+struct ModelWeights;    // internal (src/io/weights.h)
+class Tokenizer;        // internal (src/tokenizer/tokenizer.h)
+class Communicator;     // internal (src/parallel/comm.h)
+struct FollowerAccess;  // internal (src/runtime/follower.h)
 
 struct ModelLoadOptions {
   std::string dir;        // config.json + model.safetensors (or shards + index)
@@ -51,6 +59,10 @@ struct ModelLoadOptions {
   bool require_tokenizer = true;
   // Called with a line to show while loading (model mapped, tokenizer loaded); may be null.
   std::function<void(const std::string&)> progress;
+  // The ranks that share the model; null: this process's group (attnres/parallel.h), one
+  // process unless started by an MPI launcher. On several ranks, load() runs on the leader
+  // (the followers load their shares in follow_leader()).
+  std::shared_ptr<Communicator> group;
 };
 
 struct ModelInfo {
@@ -61,7 +73,10 @@ struct ModelInfo {
   int64_t hidden_size = 0;
   int64_t bytes_mapped = 0;
   int64_t tensors_bound = 0;
-  int64_t weight_bytes = 0;  // bytes of every bound tensor
+  int64_t weight_bytes = 0;           // bytes of every bound tensor
+  int ranks = 1;                      // processes sharing the model (tensor parallelism)
+  int64_t rank_weight_bytes = 0;      // this rank's share: its rows and the replicated tensors
+  int64_t rank_replicated_bytes = 0;  // the replicated tensors alone
   bool has_tokenizer = false;
   int32_t eos_token = -1;            // the config's eos_token_id, -1 if none
   std::vector<int32_t> stop_tokens;  // <|end_of_msg|> and the config's eos, when present
@@ -83,8 +98,10 @@ class Model {
   // In-tree access for the engine and the developer tools.
   const ModelWeights& weights() const;
   const Tokenizer* tokenizer() const;  // null without one
+  const std::shared_ptr<Communicator>& group() const;
 
  private:
+  friend struct FollowerAccess;
   Model();
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -174,10 +191,17 @@ struct EngineStats {
   double attnres_read_seconds = 0;              // AttnRes reads inside them
   double dense_seconds = 0, mxfp4_seconds = 0;  // projection batches (ProjectionStats)
   int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  double dense_flops = 0, mxfp4_flops = 0;
   int64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_matched = 0,
           prefix_tokens_restored = 0, prefix_tokens_recomputed = 0, prefix_bytes = 0,
           prefix_entries = 0;
   int64_t kv_reserved_bytes = 0, kv_budget_bytes = 0, kv_pages_in_use = 0, kv_page_bytes = 0;
+  // Tensor parallelism: the ranks the engine runs on and this rank's collectives (all-gathers,
+  // fused ones counted once, plus the per-step broadcast and agreement), the bytes of the
+  // gathered results and the wall time spent waiting in collectives.
+  int ranks = 1;
+  int64_t collectives = 0, gathers = 0, gather_bytes = 0;
+  double comm_seconds = 0;
 };
 
 class Engine {
@@ -208,7 +232,10 @@ class Engine {
   int64_t token_budget() const;  // rows of one step: max_sequences + prefill_chunk
 
  private:
+  friend struct FollowerAccess;
   Engine();
+  static Result<std::unique_ptr<Engine>> create_local(std::shared_ptr<const Model> model,
+                                                      const EngineOptions& options, int64_t id);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,11 +1,14 @@
 #include "config/config.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "util/file.h"
 
 namespace attnres {
 namespace {
@@ -69,8 +72,36 @@ class FieldReader {
           "has type " + std::string(it->type_name()) + ", expected " + expected<T>());
       return false;
     }
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // get<T>() would wrap an out-of-range integer (4294967389 layers read as 93).
+      if (!fits<T>(*it)) {
+        add(ErrorCode::kInvalidValue, key, "is " + it->dump() + ", expected " + range<T>());
+        return false;
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      for (const json& e : *it) {
+        if (!fits<int>(e)) {
+          add(ErrorCode::kInvalidValue, key, "contains " + e.dump() + ", expected " + range<int>());
+          return false;
+        }
+      }
+    }
     out = it->get<T>();
     return true;
+  }
+  template <typename T>
+  static std::string range() {
+    return "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+           std::to_string(std::numeric_limits<T>::max()) + "]";
+  }
+  // Whether an integer JSON value is representable as T.
+  template <typename T>
+  static bool fits(const json& v) {
+    if (v.is_number_unsigned())
+      return v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    const int64_t x = v.get<int64_t>();
+    return x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+           x <= static_cast<int64_t>(std::numeric_limits<T>::max());
   }
   template <typename T>
   static bool type_ok(const json& v) {
@@ -107,8 +138,6 @@ class FieldReader {
   std::vector<std::string> errors_;
   ErrorCode first_code_ = ErrorCode::kOk;
 };
-
-constexpr int kMaxLayers = 1 << 16;
 
 int ceil_div(int a, int b) {
   // In 64 bits: a + b - 1 overflows int for a huge block size (found by fuzz_config).
@@ -297,48 +326,66 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     }
   }
 
-  // Value checks (only on fields that were read).
-  auto positive = [&](std::string_view key, int64_t v) {
-    if (v <= 0) r.add(ErrorCode::kInvalidValue, key, "is " + std::to_string(v) + ", expected > 0");
+  // Value checks (only on fields that were read). Every size is bounded above as well
+  // (config.h), so size arithmetic on the config cannot overflow anywhere downstream.
+  auto within = [&](std::string_view key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      r.add(ErrorCode::kInvalidValue, key,
+            "is " + std::to_string(v) + ", expected " + std::to_string(lo) + ".." +
+                std::to_string(hi));
+  };
+  auto width = [&](std::string_view key, int64_t v) { within(key, v, 1, kMaxConfigWidth); };
+  // A float field that must be finite (a JSON number beyond float range reads as infinity)
+  // and, with `positive`, > 0.
+  auto finite = [&](std::string_view key, float v, bool positive) {
+    if (std::isfinite(v) && (!positive || v > 0)) return;
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", static_cast<double>(v));
+    r.add(ErrorCode::kInvalidValue, key,
+          std::string("is ") + shown + " as a float, expected a finite number" +
+              (positive ? " > 0" : ""));
   };
   if (r.errors().empty()) {
-    positive("vocab_size", c.vocab_size);
-    positive("hidden_size", c.hidden_size);
-    positive("num_hidden_layers", c.num_hidden_layers);
+    within("vocab_size", c.vocab_size, 1, kMaxConfigVocab);
+    width("hidden_size", c.hidden_size);
     // Bounded so the per-layer tables below stay small on hostile input (found by fuzz_config).
-    if (c.num_hidden_layers > kMaxLayers)
-      r.add(ErrorCode::kInvalidValue, "num_hidden_layers",
-            "is " + std::to_string(c.num_hidden_layers) + ", expected at most " +
-                std::to_string(kMaxLayers));
-    positive("intermediate_size", c.intermediate_size);
-    positive("num_attention_heads", c.num_attention_heads);
-    positive("kv_lora_rank", c.kv_lora_rank);
-    positive("v_head_dim", c.v_head_dim);
-    positive("moe_layer_freq", c.moe_layer_freq);
-    positive("linear_attn_config.num_heads", c.linear.num_heads);
-    positive("linear_attn_config.head_dim", c.linear.head_dim);
-    positive("linear_attn_config.short_conv_kernel_size", c.linear.short_conv_kernel_size);
-    if (c.qk_nope_head_dim < 0 || c.qk_rope_head_dim < 0 ||
+    within("num_hidden_layers", c.num_hidden_layers, 1, kMaxConfigLayers);
+    width("intermediate_size", c.intermediate_size);
+    width("num_attention_heads", c.num_attention_heads);
+    within("q_lora_rank", c.q_lora_rank, 0, kMaxConfigWidth);
+    width("kv_lora_rank", c.kv_lora_rank);
+    within("qk_nope_head_dim", c.qk_nope_head_dim, 0, kMaxConfigWidth);
+    within("qk_rope_head_dim", c.qk_rope_head_dim, 0, kMaxConfigWidth);
+    width("v_head_dim", c.v_head_dim);
+    within("moe_layer_freq", c.moe_layer_freq, 1, kMaxConfigLayers);
+    width("linear_attn_config.num_heads", c.linear.num_heads);
+    width("linear_attn_config.head_dim", c.linear.head_dim);
+    // The KDA convolution keeps its window in fixed tables (util/limits.h).
+    within("linear_attn_config.short_conv_kernel_size", c.linear.short_conv_kernel_size, 1,
+           kMaxConvWidth);
+    if (c.qk_nope_head_dim >= 0 && c.qk_rope_head_dim >= 0 &&
         int64_t{c.qk_nope_head_dim} + c.qk_rope_head_dim <= 0)
       r.add(ErrorCode::kInvalidValue, "qk_nope_head_dim",
             "plus qk_rope_head_dim must be > 0 (got " + std::to_string(c.qk_nope_head_dim) + " + " +
                 std::to_string(c.qk_rope_head_dim) + ")");
-    if (!(c.rms_norm_eps > 0)) r.add(ErrorCode::kInvalidValue, "rms_norm_eps", "must be > 0");
+    finite("rms_norm_eps", c.rms_norm_eps, /*positive=*/true);
+    finite("routed_scaling_factor", c.routed_scaling_factor, /*positive=*/false);
+    if (c.linear.gate_lower_bound)
+      finite("linear_attn_config.gate_lower_bound", *c.linear.gate_lower_bound, false);
     if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > c.num_hidden_layers)
       r.add(ErrorCode::kInvalidValue, "first_k_dense_replace",
             "is " + std::to_string(c.first_k_dense_replace) + ", expected 0.." +
                 std::to_string(c.num_hidden_layers));
     if (c.first_k_dense_replace < c.num_hidden_layers) {
-      positive("num_experts", c.num_experts);
-      positive("moe_intermediate_size", c.moe_intermediate_size);
+      within("num_experts", c.num_experts, 1, kMaxConfigExperts);
+      width("moe_intermediate_size", c.moe_intermediate_size);
       if (c.num_experts_per_token <= 0 || c.num_experts_per_token > c.num_experts)
         r.add(ErrorCode::kInvalidValue, "num_experts_per_token",
               "is " + std::to_string(c.num_experts_per_token) + ", expected 1.." +
                   std::to_string(c.num_experts));
-      if (c.num_shared_experts < 0)
-        r.add(ErrorCode::kInvalidValue, "num_shared_experts", "must be >= 0");
-      if (c.routed_expert_hidden_size && *c.routed_expert_hidden_size <= 0)
-        r.add(ErrorCode::kInvalidValue, "routed_expert_hidden_size", "must be > 0");
+      within("num_shared_experts", c.num_shared_experts, 0, kMaxConfigExperts);
+      if (c.routed_expert_hidden_size)
+        width("routed_expert_hidden_size", *c.routed_expert_hidden_size);
     }
     if (c.max_position_embeddings && *c.max_position_embeddings <= 0)
       r.add(ErrorCode::kInvalidValue, "max_position_embeddings",
@@ -346,15 +393,42 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
     if (c.attn_res_block_size && *c.attn_res_block_size <= 0)
       r.add(ErrorCode::kInvalidValue, "attn_res_block_size",
             "is " + std::to_string(*c.attn_res_block_size) + ", expected > 0");
-    if (c.hidden_act == Activation::kSitu && (!(c.situ_beta > 0) || !(c.situ_linear_beta > 0)))
-      r.add(ErrorCode::kInvalidValue, "activation_situ_beta",
-            "and activation_situ_linear_beta must be > 0");
+    // Token ids the engine feeds to or compares with the model: inside the vocabulary.
+    for (const auto& [key, id] :
+         {std::pair<const char*, const std::optional<int64_t>&>{"bos_token_id", c.bos_token_id},
+          {"eos_token_id", c.eos_token_id},
+          {"pad_token_id", c.pad_token_id}}) {
+      if (id && (*id < 0 || *id >= c.vocab_size))
+        r.add(ErrorCode::kInvalidValue, key,
+              "is " + std::to_string(*id) + ", expected a token id in 0.." +
+                  std::to_string(c.vocab_size - 1) + " (vocab_size " +
+                  std::to_string(c.vocab_size) + ")");
+    }
+    if (c.hidden_act == Activation::kSitu) {
+      finite("activation_situ_beta", c.situ_beta, /*positive=*/true);
+      finite("activation_situ_linear_beta", c.situ_linear_beta, /*positive=*/true);
+    }
     if (c.expert_format == ExpertFormat::kMxfp4) {
       const int64_t k1 = c.routed_expert_hidden_size.value_or(c.hidden_size);
       if (k1 % 32 != 0 || c.moe_intermediate_size % 32 != 0)
         r.add(ErrorCode::kInconsistent, "quantization_config",
               "is MXFP4 (32-element blocks) but the expert dims " + std::to_string(k1) + " and " +
                   std::to_string(c.moe_intermediate_size) + " are not multiples of 32");
+    }
+  }
+  // The AttnRes reads of the schedule must fit the kernels' source tables (util/limits.h).
+  if (r.errors().empty() && c.attn_res_block_size) {
+    const int L = c.num_hidden_layers, B = *c.attn_res_block_size;
+    const int64_t sources = ceil_div(L, B) + int64_t{1};  // the final read: every slot + rs
+    if (sources > kMaxAttnResSources) {
+      const int min_block = ceil_div(L, kMaxAttnResSources - 1);
+      r.add(ErrorCode::kUnsupported, "attn_res_block_size",
+            "is " + std::to_string(B) + " with num_hidden_layers " + std::to_string(L) +
+                ": the final AttnRes read would see " + std::to_string(sources) +
+                " sources (ceil(" + std::to_string(L) + " / " + std::to_string(B) +
+                ") bank slots + the running sum), at most " + std::to_string(kMaxAttnResSources) +
+                " are supported (attn_res_block_size >= " + std::to_string(min_block) + " for " +
+                std::to_string(L) + " layers)");
     }
   }
 
@@ -410,12 +484,8 @@ Result<ModelConfig> parse_model_config(std::string_view json_text, const std::st
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kIoError, path + ": cannot open config file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status(ErrorCode::kIoError, path + ": error reading config file");
-  return parse_model_config(ss.str(), path);
+  ATTNRES_ASSIGN_OR_RETURN(std::string text, read_model_file(path, "config file"));
+  return parse_model_config(text, path);
 }
 
 }  // namespace attnres

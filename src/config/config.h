@@ -1,7 +1,9 @@
 // Model configuration (Hugging Face config.json) and the derived layer schedule.
 //
-// Contract: every field the model needs is required; a missing or ill-typed field is an error
-// that names the field and the file, and all problems are reported in one Status. Unknown
+// Contract: every field the model needs is required; a missing, ill-typed or out-of-range field
+// is an error that names the field and the file, and all problems are reported in one Status.
+// Integers must fit their field's type (no wrapping), floats must be finite, sizes must lie
+// within the bounds below, and token ids inside the vocabulary. Unknown
 // fields are ignored. Optional fields are only those whose absence has a defined meaning
 // (listed on each member). Reads both the published layout (top-level object with a
 // `text_config`) and a bare text config.
@@ -13,9 +15,21 @@
 #include <string_view>
 #include <vector>
 
+#include "util/limits.h"
 #include "util/status.h"
 
 namespace attnres {
+
+// Upper bounds of the config's size fields, far above any published model (Kimi-K3: hidden
+// 7168, vocab 163840, 93 layers, 64 heads of 128, 384 experts). Every size the engine derives
+// from a config is a product of at most three of them (tensor shapes, the KDA state
+// H x dk x dv, arenas), so with these bounds no such product overflows int64, and a hostile
+// config is refused at load instead of wrapping or over-allocating later. Also enforced:
+// the limits of util/limits.h (AttnRes sources per read, KDA convolution width).
+inline constexpr int64_t kMaxConfigWidth = int64_t{1} << 20;  // widths, ranks, heads, head dims
+inline constexpr int64_t kMaxConfigVocab = INT32_MAX;         // token ids are int32
+inline constexpr int kMaxConfigLayers = 1 << 16;
+inline constexpr int kMaxConfigExperts = 1 << 16;  // routed and shared experts
 
 enum class AttnKind { kKda, kMla };
 enum class FfnKind { kDense, kMoe };

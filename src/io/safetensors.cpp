@@ -11,12 +11,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "io/output.h"
+#include "util/file.h"
 
 namespace attnres {
 namespace {
@@ -228,7 +229,8 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const std::byte> fi
 // SafetensorsFile
 
 Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status(ErrorCode::kIoError, path + ": cannot open: " + errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -238,7 +240,8 @@ Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status(ErrorCode::kIoError, path + ": not a regular file");
+    return Status(ErrorCode::kIoError, path + " is a " + std::string(file_type_name(st.st_mode)) +
+                                           ", expected a regular safetensors file");
   }
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
@@ -328,13 +331,10 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open_dir(const std::string&
     return open_files({single_path});
   }
 
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kIoError, index_path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  ATTNRES_ASSIGN_OR_RETURN(std::string index_text, read_model_file(index_path, "shard index"));
   json root;
   try {
-    root = json::parse(ss.str());
+    root = json::parse(index_text);
   } catch (const json::exception& e) {
     return Status(ErrorCode::kBadJson, index_path + ": not well-formed JSON: " + e.what());
   }
@@ -409,24 +409,6 @@ TensorToWrite tensor_to_write(const TensorView& v) {
   return TensorToWrite{v.name, v.dtype, v.shape, v.data};
 }
 
-namespace {
-
-Status write_all(int fd, const void* data, size_t n, const std::string& tmp) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status(ErrorCode::kIoError, tmp + ": write failed: " + errno_text());
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::ok();
-}
-
-}  // namespace
-
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   // Validate and size everything before creating any file.
@@ -471,41 +453,12 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
 
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmp_name = ".";  // hidden, next to the target so rename() stays atomic
-  tmp_name += target.filename().string();
-  tmp_name += ".tmp.XXXXXX";
-  std::string tmp = (dir / tmp_name).string();
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    return Status(ErrorCode::kIoError, path + ": cannot create a temporary file in " +
-                                           dir.string() + ": " + errno_text());
-  auto fail = [&](Status s) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  // mkstemp creates the file 0600; give it the usual permissions.
-  ::fchmod(fd, 0644);
-  if (Status s = write_all(fd, len, 8, tmp); !s) return fail(s);
-  if (Status s = write_all(fd, text.data(), text.size(), tmp); !s) return fail(s);
-  for (size_t i : order)
-    if (Status s = write_all(fd, tensors[i].data, bytes[i], tmp); !s) return fail(s);
-  if (::fsync(fd) != 0)
-    return fail(Status(ErrorCode::kIoError, tmp + ": fsync failed: " + errno_text()));
-  if (::close(fd) != 0) {
-    Status s(ErrorCode::kIoError, tmp + ": close failed: " + errno_text());
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s(ErrorCode::kIoError, path + ": cannot rename " + tmp + " into place: " + errno_text());
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return Status::ok();
+  AtomicFileWriter out;
+  ATTNRES_RETURN_IF_ERROR(out.open(path));
+  ATTNRES_RETURN_IF_ERROR(out.write(len, 8));
+  ATTNRES_RETURN_IF_ERROR(out.write(text.data(), text.size()));
+  for (size_t i : order) ATTNRES_RETURN_IF_ERROR(out.write(tensors[i].data, bytes[i]));
+  return out.commit();
 }
 
 }  // namespace attnres

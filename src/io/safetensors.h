@@ -125,7 +125,9 @@ TensorToWrite tensor_to_write(const TensorView& v);
 // Writes a safetensors file: header padded with spaces so the data section starts on an 8-byte
 // boundary; tensors laid out contiguously, largest element size first, so every tensor is
 // aligned to its element size. Written to a temporary file in the same directory and renamed
-// over `path` only when complete: on failure `path` is left as it was.
+// over `path` only when complete: on failure `path` is left as it was (AtomicFileWriter,
+// io/output.h; a non-regular file at `path` is never replaced). Whether `path` may be written
+// at all (an input of the run, an existing file) is the caller's check_output_path().
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 

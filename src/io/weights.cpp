@@ -65,10 +65,44 @@ class Binder {
     return Status::ok();
   }
 
-  // The tensor with canonical name `canon`, checked for dtype kind and exact shape. On a problem
-  // it is recorded and an empty view returned (binding continues, so all problems are listed).
+  // The tensor with canonical name `canon`, checked for dtype kind and exact shape, replicated
+  // on every rank. On a problem it is recorded and an empty view returned (binding continues,
+  // so all problems are listed).
   TensorView bind(const std::string& canon, Kind kind, const Shape& shape,
                   const std::string& formula) {
+    TensorView v = bind_whole(canon, kind, shape, formula);
+    replicated(v);
+    return v;
+  }
+
+  // The same tensor split by its first dimension over the ranks: `units` units of `unit_rows`
+  // rows (shape[0] == units * unit_rows); the view holds this rank's rows only.
+  TensorView bind_split(const std::string& canon, Kind kind, const Shape& shape,
+                        const std::string& formula, int64_t units, int64_t unit_rows) {
+    if (specs_ != nullptr) {
+      specs_->push_back({canon, kind == Kind::kU8, shape, units, unit_rows});
+      return TensorView{};
+    }
+    TensorView v = bind_whole(canon, kind, shape, formula);
+    if (v.name.empty()) return v;
+    const Range r = shard_.range(units);
+    TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
+    report_->rank_bytes += static_cast<int64_t>(s.nbytes);
+    return s;
+  }
+
+  // Counts a replicated view (bound whole on every rank) in this rank's bytes.
+  void replicated(const TensorView& v) {
+    if (specs_ != nullptr || v.name.empty() || !rank_counted_.insert(v.name).second) return;
+    report_->rank_bytes += static_cast<int64_t>(v.nbytes);
+    report_->rank_replicated_bytes += static_cast<int64_t>(v.nbytes);
+  }
+
+  void set_shard(const Shard& s) { shard_ = s; }
+  const Shard& shard() const { return shard_; }
+
+  TensorView bind_whole(const std::string& canon, Kind kind, const Shape& shape,
+                        const std::string& formula) {
     TensorView v = lookup(canon, kind, shape);
     if (v.name.empty()) return TensorView{};
     if (v.shape != shape) {
@@ -166,9 +200,25 @@ class Binder {
   std::map<std::string, std::string> canon_;  // canonical -> name in the file
   std::string model_prefix_ = "language_model.model.";
   std::set<std::string> bound_;
+  std::set<std::string> rank_counted_;
+  Shard shard_;
   std::vector<std::string> problems_;
   ErrorCode first_code_ = ErrorCode::kOk;
 };
+
+}  // namespace
+
+TensorView slice_rows(const TensorView& v, int64_t row0, int64_t rows) {
+  TensorView s = v;
+  if (v.shape.empty() || v.shape[0] == 0) return s;
+  const size_t row_bytes = v.nbytes / static_cast<size_t>(v.shape[0]);
+  s.shape[0] = rows;
+  s.nbytes = row_bytes * static_cast<size_t>(rows);
+  s.data = s.nbytes == 0 ? nullptr : v.data + row_bytes * static_cast<size_t>(row0);
+  return s;
+}
+
+namespace {
 
 std::string dims(std::initializer_list<std::pair<const char*, int64_t>> terms) {
   std::string s;
@@ -185,6 +235,7 @@ std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d, T
                               TensorView& proj) {
   norm = b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
   proj = b.lookup(prefix + "_proj.weight", Kind::kFloat, Shape{1, d});
+  b.replicated(proj);
   if (proj.name.empty() || norm.name.empty()) return {};
   // Published as nn.Linear(d, 1): [1, d]; a flat [d] has the same bytes.
   if (proj.shape != Shape{1, d} && proj.shape != Shape{d}) {
@@ -214,102 +265,122 @@ std::vector<float> bind_a_log(Binder& b, const std::string& name, int64_t H, Ten
     t = TensorView{};
     return {};
   }
-  std::vector<float> a(static_cast<size_t>(H));  // [H]
-  for (int64_t h = 0; h < H; ++h) a[static_cast<size_t>(h)] = t.get_f32(h);
+  b.replicated(t);
+  // This rank's heads (all of them at P = 1).
+  const Range heads = b.shard().range(H);
+  std::vector<float> a(static_cast<size_t>(heads.size()));  // [local heads]
+  for (int64_t h = heads.begin; h < heads.end; ++h)
+    a[static_cast<size_t>(h - heads.begin)] = t.get_f32(h);
   return a;
 }
 
+// Tensor parallelism (parallel.md's table): heads for q/k/v/g/beta and everything per head
+// (conv channels, f_b rows, dt_bias, A_log), output rows for o_proj; f_a_proj, g_a_proj and
+// o_norm are replicated.
 KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t d = c.hidden_size, H = c.linear.num_heads, dk = c.linear.head_dim;
   const int64_t dv = dk, P = H * dk, W = c.linear.short_conv_kernel_size;
   const std::string proj = dims({{"H*head_dim", P}, {"hidden_size", d}});
   KdaWeights w;
-  w.q_proj = b.bind(p + "q_proj.weight", Kind::kFloat, {P, d}, proj);
-  w.k_proj = b.bind(p + "k_proj.weight", Kind::kFloat, {P, d}, proj);
-  w.v_proj = b.bind(p + "v_proj.weight", Kind::kFloat, {P, d}, proj);
+  w.q_proj = b.bind_split(p + "q_proj.weight", Kind::kFloat, {P, d}, proj, H, dk);
+  w.k_proj = b.bind_split(p + "k_proj.weight", Kind::kFloat, {P, d}, proj, H, dk);
+  w.v_proj = b.bind_split(p + "v_proj.weight", Kind::kFloat, {P, d}, proj, H, dv);
   const std::string conv = dims({{"H*head_dim", P}, {"short_conv_kernel_size", W}});
-  w.q_conv = b.bind(p + "q_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
-  w.k_conv = b.bind(p + "k_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
-  w.v_conv = b.bind(p + "v_conv1d.weight", Kind::kFloat, {P, 1, W}, conv);
+  w.q_conv = b.bind_split(p + "q_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dk);
+  w.k_conv = b.bind_split(p + "k_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dk);
+  w.v_conv = b.bind_split(p + "v_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dv);
   w.f_a_proj = b.bind(p + "f_a_proj.weight", Kind::kFloat, {dk, d},
                       dims({{"head_dim", dk}, {"hidden_size", d}}));
-  w.f_b_proj = b.bind(p + "f_b_proj.weight", Kind::kFloat, {P, dk},
-                      dims({{"H*head_dim", P}, {"head_dim", dk}}));
-  w.b_proj = b.bind(p + "b_proj.weight", Kind::kFloat, {H, d},
-                    dims({{"num_heads", H}, {"hidden_size", d}}));
+  w.f_b_proj = b.bind_split(p + "f_b_proj.weight", Kind::kFloat, {P, dk},
+                            dims({{"H*head_dim", P}, {"head_dim", dk}}), H, dk);
+  w.b_proj = b.bind_split(p + "b_proj.weight", Kind::kFloat, {H, d},
+                          dims({{"num_heads", H}, {"hidden_size", d}}), H, 1);
   if (c.linear.use_full_rank_gate) {
-    w.g_proj = b.bind(p + "g_proj.weight", Kind::kFloat, {H * dv, d},
-                      dims({{"H*head_dim", H * dv}, {"hidden_size", d}}));
+    w.g_proj = b.bind_split(p + "g_proj.weight", Kind::kFloat, {H * dv, d},
+                            dims({{"H*head_dim", H * dv}, {"hidden_size", d}}), H, dv);
   } else {
     w.g_a_proj = b.bind(p + "g_a_proj.weight", Kind::kFloat, {dv, d},
                         dims({{"head_dim", dv}, {"hidden_size", d}}));
-    w.g_b_proj = b.bind(p + "g_b_proj.weight", Kind::kFloat, {H * dv, dv},
-                        dims({{"H*head_dim", H * dv}, {"head_dim", dv}}));
+    w.g_b_proj = b.bind_split(p + "g_b_proj.weight", Kind::kFloat, {H * dv, dv},
+                              dims({{"H*head_dim", H * dv}, {"head_dim", dv}}), H, dv);
   }
   w.a_log = bind_a_log(b, p + "A_log", H, w.a_log_stored);
   w.a_log_group = dk;
-  w.dt_bias = b.bind(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}));
+  w.dt_bias = b.bind_split(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}), H, dk);
   w.o_norm = b.bind(p + "o_norm.weight", Kind::kFloat, {dv}, dims({{"head_dim", dv}}));
-  w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * dv},
-                    dims({{"hidden_size", d}, {"H*head_dim", H * dv}}));
+  w.o_proj = b.bind_split(p + "o_proj.weight", Kind::kFloat, {d, H * dv},
+                          dims({{"hidden_size", d}, {"H*head_dim", H * dv}}), d, 1);
   return w;
 }
 
+// Tensor parallelism: q_a and kv_a by output rows (gathered: their norms need whole vectors),
+// q_b (or q), kv_b and g by heads, o_proj by output rows; the latent norms replicated.
 MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t d = c.hidden_size, H = c.num_attention_heads;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
   const int64_t rq = c.q_lora_rank, rkv = c.kv_lora_rank;
   MlaWeights w;
   if (rq > 0) {
-    w.q_a_proj = b.bind(p + "q_a_proj.weight", Kind::kFloat, {rq, d},
-                        dims({{"q_lora_rank", rq}, {"hidden_size", d}}));
+    w.q_a_proj = b.bind_split(p + "q_a_proj.weight", Kind::kFloat, {rq, d},
+                              dims({{"q_lora_rank", rq}, {"hidden_size", d}}), rq, 1);
     w.q_a_norm =
         b.bind(p + "q_a_layernorm.weight", Kind::kFloat, {rq}, dims({{"q_lora_rank", rq}}));
-    w.q_b_proj = b.bind(p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
-                        dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}));
+    w.q_b_proj = b.bind_split(
+        p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
+        dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}), H, nope + rope);
   } else {
-    w.q_proj = b.bind(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
-                      dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}));
+    w.q_proj = b.bind_split(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
+                            dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}),
+                            H, nope + rope);
   }
-  w.kv_a_proj = b.bind(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
-                       dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}));
+  w.kv_a_proj =
+      b.bind_split(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
+                   dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}), rkv + rope, 1);
   w.kv_a_norm =
       b.bind(p + "kv_a_layernorm.weight", Kind::kFloat, {rkv}, dims({{"kv_lora_rank", rkv}}));
-  w.kv_b_proj = b.bind(p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
-                       dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}));
+  w.kv_b_proj = b.bind_split(
+      p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
+      dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}), H, nope + v);
   if (c.mla_use_output_gate)
-    w.g_proj = b.bind(p + "g_proj.weight", Kind::kFloat, {H * v, d},
-                      dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}));
-  w.o_proj = b.bind(p + "o_proj.weight", Kind::kFloat, {d, H * v},
-                    dims({{"hidden_size", d}, {"H*v_head_dim", H * v}}));
+    w.g_proj = b.bind_split(p + "g_proj.weight", Kind::kFloat, {H * v, d},
+                            dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}), H, v);
+  w.o_proj = b.bind_split(p + "o_proj.weight", Kind::kFloat, {d, H * v},
+                          dims({{"hidden_size", d}, {"H*v_head_dim", H * v}}), d, 1);
   return w;
 }
 
+// An expert matrix split by its rows (every rank holds its rows of every expert).
 ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::string& p, int64_t rows,
                                 int64_t cols, const char* rows_name, const char* cols_name) {
   ExpertMatrix m;
-  m.rows = rows;
+  m.rows = b.shard().range(rows).size();
   m.cols = cols;
   m.mxfp4 = c.expert_format == ExpertFormat::kMxfp4;
   if (m.mxfp4) {
-    m.packed = b.bind(p + ".weight_packed", Kind::kU8, {rows, cols / 2},
-                      dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte");
-    m.scale = b.bind(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
-                     dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32");
+    m.packed = b.bind_split(
+        p + ".weight_packed", Kind::kU8, {rows, cols / 2},
+        dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte", rows, 1);
+    m.scale = b.bind_split(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
+                           dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
+                           rows, 1);
   } else {
-    m.dense = b.bind(p + ".weight", Kind::kFloat, {rows, cols},
-                     dims({{rows_name, rows}, {cols_name, cols}}));
+    m.dense = b.bind_split(p + ".weight", Kind::kFloat, {rows, cols},
+                           dims({{rows_name, rows}, {cols_name, cols}}), rows, 1);
   }
   return m;
 }
 
+// Tensor parallelism: router rows (expert scores, gathered; the selection bias replicated),
+// every expert's w1/w3 by rows (the intermediate dimension) and w2 by rows (the latent or
+// model dimension), the shared experts' gate/up by rows and down by output rows, the latent
+// down and up projections by output rows; the latent norm replicated.
 MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t d = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   const int64_t K = c.routed_expert_hidden_size.value_or(d);
   const char* k_name = c.routed_expert_hidden_size ? "routed_expert_hidden_size" : "hidden_size";
   MoeWeights w;
-  w.gate = b.bind(p + "gate.weight", Kind::kFloat, {E, d},
-                  dims({{"num_experts", E}, {"hidden_size", d}}));
+  w.gate = b.bind_split(p + "gate.weight", Kind::kFloat, {E, d},
+                        dims({{"num_experts", E}, {"hidden_size", d}}), E, 1);
   w.gate_bias =
       b.bind(p + "gate.e_score_correction_bias", Kind::kFloat, {E}, dims({{"num_experts", E}}));
   // E is only trusted once the router [E, d] exists in the file (it bounds the allocation).
@@ -330,34 +401,36 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
       return w;
     }
     const std::string f = dims({{"num_shared_experts*moe_intermediate_size", SI}});
-    w.shared_gate = b.bind(p + "shared_experts.gate_proj.weight", Kind::kFloat, {SI, d},
-                           f + ", hidden_size = " + std::to_string(d));
-    w.shared_up = b.bind(p + "shared_experts.up_proj.weight", Kind::kFloat, {SI, d},
-                         f + ", hidden_size = " + std::to_string(d));
-    w.shared_down = b.bind(p + "shared_experts.down_proj.weight", Kind::kFloat, {d, SI},
-                           "hidden_size = " + std::to_string(d) + ", " + f);
+    w.shared_gate = b.bind_split(p + "shared_experts.gate_proj.weight", Kind::kFloat, {SI, d},
+                                 f + ", hidden_size = " + std::to_string(d), SI, 1);
+    w.shared_up = b.bind_split(p + "shared_experts.up_proj.weight", Kind::kFloat, {SI, d},
+                               f + ", hidden_size = " + std::to_string(d), SI, 1);
+    w.shared_down = b.bind_split(p + "shared_experts.down_proj.weight", Kind::kFloat, {d, SI},
+                                 "hidden_size = " + std::to_string(d) + ", " + f, d, 1);
   }
   if (c.routed_expert_hidden_size) {
     const int64_t r = *c.routed_expert_hidden_size;
-    w.latent_down = b.bind(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
-                           dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}));
+    w.latent_down =
+        b.bind_split(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
+                     dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}), r, 1);
     if (c.latent_moe_use_norm)
       w.latent_norm = b.bind(p + "routed_expert_norm.weight", Kind::kFloat, {r},
                              dims({{"routed_expert_hidden_size", r}}));
-    w.latent_up = b.bind(p + "routed_expert_up_proj.weight", Kind::kFloat, {d, r},
-                         dims({{"hidden_size", d}, {"routed_expert_hidden_size", r}}));
+    w.latent_up = b.bind_split(p + "routed_expert_up_proj.weight", Kind::kFloat, {d, r},
+                               dims({{"hidden_size", d}, {"routed_expert_hidden_size", r}}), d, 1);
   }
   return w;
 }
 
+// Tensor parallelism: gate/up by rows (the intermediate dimension), down by output rows.
 DenseMlpWeights bind_dense(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t d = c.hidden_size, I = c.intermediate_size;
   const std::string f = dims({{"intermediate_size", I}, {"hidden_size", d}});
   DenseMlpWeights w;
-  w.gate = b.bind(p + "gate_proj.weight", Kind::kFloat, {I, d}, f);
-  w.up = b.bind(p + "up_proj.weight", Kind::kFloat, {I, d}, f);
-  w.down = b.bind(p + "down_proj.weight", Kind::kFloat, {d, I},
-                  dims({{"hidden_size", d}, {"intermediate_size", I}}));
+  w.gate = b.bind_split(p + "gate_proj.weight", Kind::kFloat, {I, d}, f, I, 1);
+  w.up = b.bind_split(p + "up_proj.weight", Kind::kFloat, {I, d}, f, I, 1);
+  w.down = b.bind_split(p + "down_proj.weight", Kind::kFloat, {d, I},
+                        dims({{"hidden_size", d}, {"intermediate_size", I}}), d, 1);
   return w;
 }
 
@@ -394,11 +467,18 @@ namespace {
 void bind_model(Binder& b, const ModelConfig& c, ModelWeights& mw) {
   const int64_t d = c.hidden_size, V = c.vocab_size;
   const std::string vd = dims({{"vocab_size", V}, {"hidden_size", d}});
+  // The embedding is replicated (a rank reads the rows of its tokens); lm_head is split by
+  // vocabulary rows (the logits are gathered).
   mw.embed = b.bind("embed_tokens.weight", Kind::kFloat, {V, d}, vd);
   mw.final_norm = b.bind("norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
-  // Tied: the head is the embedding; a stored lm_head is then left unbound (counted as extra).
-  mw.lm_head =
-      c.tie_word_embeddings ? mw.embed : b.bind("lm_head.weight", Kind::kFloat, {V, d}, vd);
+  // Tied: the head is the embedding (this rank's rows of it); a stored lm_head is then left
+  // unbound (counted as extra).
+  if (c.tie_word_embeddings) {
+    const Range r = b.shard().range(V);
+    mw.lm_head = slice_rows(mw.embed, r.begin, r.size());
+  } else {
+    mw.lm_head = b.bind_split("lm_head.weight", Kind::kFloat, {V, d}, vd, V, 1);
+  }
   if (c.schedule.has_attnres())
     mw.out_res_query = fold_query(b, "output_attn_res", d, mw.out_res_norm, mw.out_res_proj);
   mw.layers.reserve(c.schedule.layers.size());
@@ -415,16 +495,43 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config) {
   return specs;
 }
 
-Result<ModelWeights> load_model(const std::string& model_dir) {
+DType release_dtype(const std::string& canon) {
+  if (canon.ends_with("weight_packed") || canon.ends_with("weight_scale")) return DType::kU8;
+  if (canon.ends_with("conv1d.weight") || canon.ends_with("A_log") || canon.ends_with("dt_bias") ||
+      canon.ends_with("o_norm.weight") || canon.ends_with("e_score_correction_bias"))
+    return DType::kF32;
+  return DType::kBF16;
+}
+
+int64_t shard_tensor_bytes(const TensorSpec& spec, DType dtype, const Shard& shard) {
+  int64_t inner = 1;
+  for (size_t i = 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
+  const int64_t rows = spec.split_units > 0 ? shard.range(spec.split_units).size() * spec.unit_rows
+                                            : (spec.shape.empty() ? 1 : spec.shape[0]);
+  return rows * inner * static_cast<int64_t>(dtype_size(dtype));
+}
+
+Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard) {
   ModelWeights mw;
+  mw.shard = shard;
   ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
   ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
   Binder b(ck, mw.report);
+  b.set_shard(shard);
   ATTNRES_RETURN_IF_ERROR(b.index_names());
   bind_model(b, mw.config, mw);
   ATTNRES_RETURN_IF_ERROR(b.finish(model_dir));
   mw.files = ck.files();
   return mw;
+}
+
+std::vector<std::string> model_input_files(const ModelWeights& weights,
+                                           const std::string& model_dir) {
+  std::vector<std::string> files = {model_dir + "/config.json",
+                                    model_dir + "/model.safetensors.index.json"};
+  if (!weights.config.source.empty()) files.push_back(weights.config.source);
+  for (const auto& f : weights.files) files.push_back(f->path());
+  return files;
 }
 
 }  // namespace attnres

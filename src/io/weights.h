@@ -1,6 +1,13 @@
 // Model weights bound by their published names (k3-model.md §6), with or without the
 // `language_model.` prefixes, checked against the config (dtype and shape).
 //
+// Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
+// tensor is bound as the view of this rank's contiguous rows only (its balanced share of the
+// output rows, in whole heads where heads are split; TensorSpec::split says how), so a rank
+// touches only its rows of the memory-mapped files and its resident weights are ~1/P of the
+// sharded ones plus the replicated ones (embedding, norms, AttnRes queries, the router's
+// selection bias, KDA's f_a_proj and o_norm). With P = 1 every view is the whole tensor.
+//
 // Contract: load_model() validates the config and every safetensors header before touching any
 // tensor data, binds every tensor the model needs (a missing tensor is an error naming it), and
 // counts unused extra tensors (reported, not fatal). The views point into read-only memory
@@ -16,6 +23,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "util/partition.h"
 #include "util/status.h"
 #include "util/tensor.h"
 
@@ -27,8 +35,9 @@ class SafetensorsFile;  // io/safetensors.h
 // cols = in_features), BF16 or F32, row-major: y = W x.
 using Matrix = TensorView;
 
-// A routed-expert projection [rows, cols]: MXFP4 (packed [rows, cols/2] U8 with the low nibble
-// the even element, scale [rows, cols/32] U8 E8M0) or a dense BF16/F32 matrix.
+// A routed-expert projection [rows, cols] (rows: this rank's rows when sharded): MXFP4 (packed
+// [rows, cols/2] U8 with the low nibble the even element, scale [rows, cols/32] U8 E8M0) or a dense
+// BF16/F32 matrix.
 struct ExpertMatrix {
   bool mxfp4 = false;
   int64_t rows = 0, cols = 0;
@@ -115,10 +124,15 @@ struct BindReport {
   std::map<std::string, int64_t> params_by_dtype;  // dtype name -> elements bound
   std::map<std::string, int64_t> bytes_by_dtype;   // dtype name -> bytes bound
   int64_t bytes_mapped = 0;
+  // This rank's weights: the bytes of the views it binds (its rows of every sharded tensor plus
+  // every replicated tensor), and of the replicated ones alone. Equal to the bound total at P = 1.
+  int64_t rank_bytes = 0;
+  int64_t rank_replicated_bytes = 0;
 };
 
 struct ModelWeights {
   ModelConfig config;
+  Shard shard;                            // the rank these views were bound for
   TensorView embed;                       // [V, d]
   TensorView final_norm;                  // [d]
   TensorView lm_head;                     // [V, d] (embed when tied)
@@ -137,14 +151,35 @@ struct TensorSpec {
   std::string name;
   bool u8 = false;
   std::vector<int64_t> shape;
+  // Tensor parallelism: the first dimension is split over the ranks in `split_units` units of
+  // `unit_rows` rows each (heads of a head dimension, single rows otherwise); 0: replicated.
+  int64_t split_units = 0;
+  int64_t unit_rows = 0;
 };
+
+// The storage dtype of a tensor in the published checkpoint (k3-model.md §5): U8 for MXFP4
+// codes and scales, F32 for the conv weights, A_log, dt_bias, o_norm and the router's selection
+// bias, BF16 for everything else.
+DType release_dtype(const std::string& canonical_name);
+// Bytes of rank `shard.rank`'s share of a tensor of `spec` stored as `dtype` (all of it when
+// replicated).
+int64_t shard_tensor_bytes(const TensorSpec& spec, DType dtype, const Shard& shard);
+
+// Rows [row0, row0 + rows) of a view (its first dimension).
+TensorView slice_rows(const TensorView& v, int64_t row0, int64_t rows);
 
 // Every tensor load_model() binds for `config`, in binding order. The binder itself produces
 // the list, so a checkpoint written from it binds with nothing missing.
 std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config);
 
 // Loads `model_dir/config.json` and binds the tensors of `model.safetensors` or of the shards
-// listed in `model.safetensors.index.json`.
-Result<ModelWeights> load_model(const std::string& model_dir);
+// listed in `model.safetensors.index.json`, as rank `shard.rank` of `shard.ranks` (views of
+// its rows of every sharded tensor; see the file comment).
+Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard = {});
+
+// Every file a load of `model_dir` read: config.json, the shard index (when there is one) and
+// the weight files of `weights`. The inputs an output must never replace (io/output.h).
+std::vector<std::string> model_input_files(const ModelWeights& weights,
+                                           const std::string& model_dir);
 
 }  // namespace attnres

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <string>
 
+#include "util/limits.h"
 #include "util/numeric.h"
 
 namespace attnres {
@@ -50,8 +51,8 @@ namespace attnres {
 // thread computes a row never changes its value.
 inline constexpr int64_t kAttnResParallelMinElements = int64_t{1} << 18;
 
-// At most this many sources per read (the published model: 8 slots + the running sum).
-inline constexpr int kMaxAttnResSources = 64;
+// At most kMaxAttnResSources (util/limits.h) sources per read: config validation and
+// Executor::create refuse anything larger before a step runs.
 
 template <typename T>  // T = bf16 or float: the storage element type
 struct AttnResStepArgs {

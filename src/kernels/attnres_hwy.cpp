@@ -662,7 +662,9 @@ void StepRow(const AttnResStepArgs<T>& a, int64_t t, int64_t ahead, bool hw,
 // prefetch crosses chunk boundaries. Each row is computed by one thread in a fixed order: results
 // do not depend on the thread count or on which thread takes a chunk.
 constexpr int64_t kChunk = 8;
-constexpr int64_t kGainSplitMaxDim = 8192;
+#if HWY_TARGET == HWY_AVX3
+constexpr int64_t kGainSplitMaxDim = 8192;  // the gain table on the stack (StepImpl)
+#endif
 
 // Whether this target and CPU run the hardware casts (and the test hook allows them).
 bool HwCasts() {

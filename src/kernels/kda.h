@@ -17,13 +17,14 @@
 #include <cstdint>
 #include <optional>
 
+#include "util/limits.h"
+
 namespace attnres {
 
 // Causal depthwise conv + SiLU over C channels: y[t,c] = silu(sum_j w[c,j] * x[t-W+1+j, c]),
 // where inputs before the first token come from `state` [C, W-1] (oldest first; zeros at the
 // start of a sequence). On return `state` holds the last W-1 inputs. weight is [C, W]. y may
-// alias x. W must be <= kMaxConvWidth.
-inline constexpr int kMaxConvWidth = 16;
+// alias x. W must be <= kMaxConvWidth (util/limits.h; config validation enforces it).
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                         float* state, float* y);
 

@@ -90,4 +90,23 @@ void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const Page
                          const PagedRows<bf16>& k_rot, const TensorView& kv_b_proj, float* o,
                          float* scratch);
 
+// The absorbed form for the decoding sequences of one step at once: one query token each (its
+// newest position), each over its own whole context, sharing one pass over kv_b_proj (W_UK and
+// W_UV are read once per step, not once per sequence). Every row's result is bitwise what
+// mla_attend_absorbed gives it alone (the same products in the same order).
+template <typename C>
+struct AbsorbedRow {
+  using value_type = C;
+  const float* q = nullptr;  // [H, nope + rope]
+  PagedRows<C> c_kv, k_rot;  // its context, [N, r] and [N, rope]
+  float* o = nullptr;        // [H, v]
+};
+// Scratch of mla_attend_absorbed_rows for rows with these context lengths.
+int64_t mla_absorbed_rows_scratch_floats(const MlaDims& d, const int64_t* contexts, int64_t rows,
+                                         int64_t page_rows);
+void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<float>* rows, int64_t n,
+                              const TensorView& kv_b_proj, float* scratch);
+void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<bf16>* rows, int64_t n,
+                              const TensorView& kv_b_proj, float* scratch);
+
 }  // namespace attnres

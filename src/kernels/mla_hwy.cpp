@@ -298,33 +298,46 @@ int64_t ExpandedItems(int64_t T) {
 // so the head's nope x r block streams from memory in address order (column tiles over all
 // rows, as RowSums walks, touch every row once per tile and ran at ~6 GB/s in decode). Column c
 // gets the same fused multiply-adds in the same order (increasing i, from zero) as RowSums.
+// For n query rows at once (decoding sequences of one step): each weight row is loaded once and
+// applied to every query row, whose accumulators ql[s] (r floats each) stay in L1. Every output
+// gets exactly the single-row sequence of fused multiply-adds, so batching changes no value.
 template <typename W>
-void QLatHead(const MlaDims& dm, const float* qt, const W* w, float* ql) {
+void QLatHead(const MlaDims& dm, const float* const* qt, int64_t n, const W* w, float* const* ql) {
   const DF d;
   const D1 d1;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d)), r = dm.r;
-  std::fill(ql, ql + r, 0.0f);
+  for (int64_t s = 0; s < n; ++s) std::fill(ql[s], ql[s] + r, 0.0f);
   for (int64_t i = 0; i < dm.nope; ++i) {
     const W* wr = w + i * r;
-    const VF a = hn::Set(d, qt[i]);
     int64_t c = 0;
     for (; c + 2 * L <= r; c += 2 * L) {
       const VF x0 = LoadW(d, wr + c), x1 = LoadW(d, wr + c + L);
-      hn::StoreU(hn::MulAdd(a, x0, hn::LoadU(d, ql + c)), d, ql + c);
-      hn::StoreU(hn::MulAdd(a, x1, hn::LoadU(d, ql + c + L)), d, ql + c + L);
+      for (int64_t s = 0; s < n; ++s) {
+        const VF a = hn::Set(d, qt[s][i]);
+        float* q = ql[s];
+        hn::StoreU(hn::MulAdd(a, x0, hn::LoadU(d, q + c)), d, q + c);
+        hn::StoreU(hn::MulAdd(a, x1, hn::LoadU(d, q + c + L)), d, q + c + L);
+      }
     }
-    for (; c + L <= r; c += L)
-      hn::StoreU(hn::MulAdd(a, LoadW(d, wr + c), hn::LoadU(d, ql + c)), d, ql + c);
-    const auto a1 = hn::Set(d1, qt[i]);
-    for (; c < r; ++c)
-      hn::StoreU(hn::MulAdd(a1, LoadW(d1, wr + c), hn::LoadU(d1, ql + c)), d1, ql + c);
+    for (; c + L <= r; c += L) {
+      const VF x0 = LoadW(d, wr + c);
+      for (int64_t s = 0; s < n; ++s)
+        hn::StoreU(hn::MulAdd(hn::Set(d, qt[s][i]), x0, hn::LoadU(d, ql[s] + c)), d, ql[s] + c);
+    }
+    for (; c < r; ++c) {
+      const auto x0 = LoadW(d1, wr + c);
+      for (int64_t s = 0; s < n; ++s)
+        hn::StoreU(hn::MulAdd(hn::Set(d1, qt[s][i]), x0, hn::LoadU(d1, ql[s] + c)), d1, ql[s] + c);
+    }
   }
 }
-void QLatHeadF32(const MlaDims& dm, const float* qt, const float* w, float* ql) {
-  QLatHead(dm, qt, w, ql);
+void QLatHeadF32(const MlaDims& dm, const float* const* qt, int64_t n, const float* w,
+                 float* const* ql) {
+  QLatHead(dm, qt, n, w, ql);
 }
-void QLatHeadBf16(const MlaDims& dm, const float* qt, const bf16* w, float* ql) {
-  QLatHead(dm, qt, w, ql);
+void QLatHeadBf16(const MlaDims& dm, const float* const* qt, int64_t n, const bf16* w,
+                  float* const* ql) {
+  QLatHead(dm, qt, n, w, ql);
 }
 
 // Scores of head h: s = (s_lat + s_rot) * scale, then softmax over n.
@@ -451,10 +464,11 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRow
       for (int64_t h = h_begin; h < h_end; ++h) {
         const float* qt = q + (t * H + h) * qw;
         const int64_t wrow = h * kvw * r;
+        float* ql = q_lat + h * r;
         if (wbf16)
-          qlat_bf16(d, qt, kv_b_proj.as<bf16>() + wrow, q_lat + h * r);
+          qlat_bf16(d, &qt, 1, kv_b_proj.as<bf16>() + wrow, &ql);
         else
-          qlat_f32(d, qt, kv_b_proj.as<float>() + wrow, q_lat + h * r);
+          qlat_f32(d, &qt, 1, kv_b_proj.as<float>() + wrow, &ql);
         for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = qt[d.nope + i];
       }
     });
@@ -502,6 +516,170 @@ void attend_absorbed_contiguous(const MlaDims& d, const float* q, int64_t T, con
 }
 
 }  // namespace
+
+namespace {
+
+// The carve of mla_attend_absorbed_rows' scratch: every size a multiple of 16 floats.
+struct RowsScratch {
+  MatmulJob* jobs;   // [H + 2 * sum of pages]
+  const float** qt;  // [H][n] query pointers per head
+  float** ql;        // [H][n] q_lat pointers per head
+  float** base;      // [n] each row's part of `rows`
+  float* xg;         // [H][n, r] o_lat rows gathered per head
+  float* yg;         // [H][n, v] W_UV outputs per head
+  float* rows;       // per row: q_lat [H, r], q_rot [H, rope], s_lat, s_rot [H, N], o_lat
+};
+
+int64_t round16(int64_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+int64_t row_floats(const MlaDims& d, int64_t N) {
+  return round16(d.H * (2 * d.r + d.rope + 2 * N));
+}
+
+int64_t jobs_floats(const MlaDims& d, int64_t pages) {
+  return round16((d.H + 2 * pages) *
+                 static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float)));
+}
+
+int64_t pointer_floats(const MlaDims& d, int64_t n) {
+  return round16(d.H * n * static_cast<int64_t>(sizeof(void*) / sizeof(float)));
+}
+
+RowsScratch carve_rows(const MlaDims& d, int64_t n, int64_t pages, float* s) {
+  RowsScratch r;
+  r.jobs = reinterpret_cast<MatmulJob*>(s);
+  s += jobs_floats(d, pages);
+  r.qt = reinterpret_cast<const float**>(s);
+  s += pointer_floats(d, n);
+  r.ql = reinterpret_cast<float**>(s);
+  s += pointer_floats(d, n);
+  r.base = reinterpret_cast<float**>(s);
+  s += pointer_floats(d, n);
+  r.xg = s;
+  s += round16(d.H * n * d.r);
+  r.yg = s;
+  s += round16(d.H * n * d.v);
+  r.rows = s;
+  return r;
+}
+
+template <typename C>
+void attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<C>* rows, int64_t n,
+                          const TensorView& W, float* scratch) {
+  const int64_t H = d.H, r = d.r, qw = d.nope + d.rope, kvw = d.nope + d.v;
+  int64_t pages = 0;
+  for (int64_t s = 0; s < n; ++s) pages += rows[s].c_kv.num_pages();
+  const RowsScratch sc = carve_rows(d, n, pages, scratch);
+  for (int64_t s = 0, off = 0; s < n; ++s) {
+    sc.base[s] = sc.rows + off;
+    off += row_floats(d, rows[s].c_kv.rows);
+  }
+  struct Parts {
+    float *q_lat, *q_rot, *s_lat, *s_rot, *o_lat;
+  };
+  auto parts = [&](int64_t s) {
+    const int64_t N = rows[s].c_kv.rows;
+    float* p = sc.base[s];
+    Parts q{p, p + H * r, p + H * (r + d.rope), p + H * (r + d.rope + N),
+            p + H * (r + d.rope + 2 * N)};
+    return q;
+  };
+  const bool wbf16 = W.dtype == DType::kBF16;
+  const auto qlat_f32 = HWY_DYNAMIC_DISPATCH(QLatHeadF32);
+  const auto qlat_bf16 = HWY_DYNAMIC_DISPATCH(QLatHeadBf16);
+  // q_lat of every row, one head per task (each W_UK[h] block read once for all rows).
+  parallel_ranges(H, n * H * d.nope * r > kParallelMinWork, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      const float** qt = sc.qt + h * n;
+      float** ql = sc.ql + h * n;
+      for (int64_t s = 0; s < n; ++s) {
+        const Parts p = parts(s);
+        qt[s] = rows[s].q + h * qw;
+        ql[s] = p.q_lat + h * r;
+        for (int64_t i = 0; i < d.rope; ++i) p.q_rot[h * d.rope + i] = qt[s][d.nope + i];
+      }
+      if (wbf16)
+        qlat_bf16(d, qt, n, W.as<bf16>() + h * kvw * r, ql);
+      else
+        qlat_f32(d, qt, n, W.as<float>() + h * kvw * r, ql);
+    }
+  });
+  // Scores of every row against its context, one batch (a job per context page).
+  int64_t nj = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    const Parts p = parts(s);
+    const int64_t N = rows[s].c_kv.rows, pr = rows[s].c_kv.page_rows;
+    for (int64_t b = 0, k = 0; b < N; b += pr, ++k) {
+      const int64_t m = std::min(pr, N - b);
+      sc.jobs[nj] = context_job(p.q_lat, H, rows[s].c_kv.pages[k], m, r, p.s_lat + b);
+      sc.jobs[nj++].ldy = N;
+      if (d.rope > 0) {
+        sc.jobs[nj] = context_job(p.q_rot, H, rows[s].k_rot.pages[k], m, d.rope, p.s_rot + b);
+        sc.jobs[nj++].ldy = N;
+      }
+    }
+  }
+  matmul_batch(sc.jobs, nj);
+  // Softmax of every (row, head), then o_lat of every (row, column block).
+  const auto head_softmax = HWY_DYNAMIC_DISPATCH(HeadSoftmax);
+  const auto olat_cols = olat_kernel(rows[0].c_kv.pages);
+  const int64_t cbw = HWY_DYNAMIC_DISPATCH(ColumnBlockWidth)();
+  const int64_t ncb = (r + cbw - 1) / cbw;
+  int64_t work = 0;
+  for (int64_t s = 0; s < n; ++s) work += H * rows[s].c_kv.rows * r;
+  const bool parallel = work > kParallelMinWork;
+  parallel_ranges(n * H, parallel, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / H, h = i % H, N = rows[s].c_kv.rows;
+      const Parts p = parts(s);
+      head_softmax(p.s_lat + h * N, d.rope > 0 ? p.s_rot + h * N : nullptr, N, d.scale);
+    }
+  });
+  parallel_ranges(n * ncb, parallel, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / ncb, cb = i % ncb;
+      const Parts p = parts(s);
+      olat_cols(p.s_lat, H, rows[s].c_kv.rows, rows[s].c_kv.pages, rows[s].c_kv.page_rows, r,
+                cb * cbw, std::min(r, (cb + 1) * cbw), p.o_lat);
+    }
+  });
+  // o[s, h] = W_UV[h] o_lat[s, h]: all rows of a head in one job, all heads in one batch.
+  for (int64_t h = 0; h < H; ++h) {
+    float* x = sc.xg + h * n * r;
+    for (int64_t s = 0; s < n; ++s)
+      std::copy(parts(s).o_lat + h * r, parts(s).o_lat + (h + 1) * r, x + s * r);
+    sc.jobs[h] = dense_rows_job(x, n, W, h * kvw + d.nope, d.v, sc.yg + h * n * d.v);
+  }
+  matmul_batch(sc.jobs, H);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t s = 0; s < n; ++s)
+      std::copy(sc.yg + (h * n + s) * d.v, sc.yg + (h * n + s + 1) * d.v, rows[s].o + h * d.v);
+}
+
+}  // namespace
+
+int64_t mla_absorbed_rows_scratch_floats(const MlaDims& d, const int64_t* contexts, int64_t n,
+                                         int64_t page_rows) {
+  int64_t pages = 0, per_rows = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    pages += page_rows > 0 ? (contexts[s] + page_rows - 1) / page_rows : 1;
+    per_rows += row_floats(d, contexts[s]);
+  }
+  return jobs_floats(d, pages) + 3 * pointer_floats(d, n) + round16(d.H * n * d.r) +
+         round16(d.H * n * d.v) + per_rows;
+}
+
+void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<float>* rows, int64_t n,
+                              const TensorView& kv_b_proj, float* scratch) {
+  attend_absorbed_rows(d, rows, n, kv_b_proj, scratch);
+}
+
+void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<bf16>* rows, int64_t n,
+                              const TensorView& kv_b_proj, float* scratch) {
+  attend_absorbed_rows(d, rows, n, kv_b_proj, scratch);
+}
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
                          const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,

@@ -32,7 +32,6 @@
 
 namespace attnres {
 
-
 // kInvalidArgument naming the field, its legal range and the value found.
 Status validate_sampling_params(const SamplingParams& p);
 

@@ -1,6 +1,7 @@
 #include "model/forward.h"
 
 #include "model/blocks.h"
+#include "model/projection.h"
 
 namespace attnres {
 
@@ -41,7 +42,13 @@ Status embed_tokens(const ModelWeights& w, const int32_t* tokens, int64_t T, flo
 void lm_head_logits(const ModelWeights& w, const ForwardOptions& opt, const float* xn, int64_t rows,
                     Arena& arena, float* logits) {
   // The bf16 model's lm_head output is bf16 too; logits are reported as f32 values of it.
-  linear(opt, arena, xn, rows, w.lm_head, logits);
+  // Tensor parallelism: this rank's vocabulary rows, then every rank's (one gather).
+  const TpStep tp = tp_step(opt);
+  const int64_t V = w.config.vocab_size;
+  const Proj pj = make_proj(opt, arena);
+  MatmulJob j = cols_job(xn, rows, w.lm_head, logits, tp.range(V).begin, V);
+  project_batch(pj, &j, 1);
+  tp.gather({part(logits, rows, V, 1, pj.bf16)});
 }
 
 }  // namespace attnres

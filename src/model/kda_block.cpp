@@ -1,5 +1,11 @@
 // Kimi Delta Attention sublayer (k3-model.md §3; fla's KimiDeltaAttention with
 // use_qk_l2norm_in_kernel and the lower-bound gate) over the rows of one step.
+//
+// Tensor parallelism: a rank runs everything per head (projections, convolutions, gate,
+// recurrence, output norm and gate) on its own heads against its own heads' states, gathers the
+// heads' outputs, computes its output rows of o_proj and gathers them: 2 gathers per layer.
+// Every per-head kernel computes a head from that head's inputs alone, so the heads a rank
+// computes are bitwise the single process's.
 #include <algorithm>
 #include <cmath>
 
@@ -12,7 +18,7 @@
 namespace attnres {
 namespace {
 
-// Per-row activations of the sublayer, every row of the step.
+// Per-row activations of the sublayer, every row of the step; H = this rank's heads.
 struct KdaRows {
   float* q;     // [T, H, dk]
   float* k;     // [T, H, dk]
@@ -23,6 +29,11 @@ struct KdaRows {
   float* ga;    // [T, dv] g_a_proj x (low-rank gate only)
   float* g;     // [T, H, dk] log decay
   float* o;     // [T, H, dv]
+};
+
+// This rank's heads and channels (all of them with one rank).
+struct KdaShare {
+  int64_t H, P;  // heads, channels (H * head_dim)
 };
 
 // Every projection of x at once (one parallel region); each is rounded like a bf16 nn.Linear
@@ -41,8 +52,8 @@ void project_inputs(const ModelConfig& c, const KdaWeights& w, const Proj& pj, c
 
 // The short causal convolutions (+ SiLU) per segment, each over its sequence's conv window.
 void short_convolutions(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
-                        Arena& arena, const KdaRows& a) {
-  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, P = H * dk, Pv = H * dk;
+                        const KdaShare& sh, Arena& arena, const KdaRows& a) {
+  const int64_t P = sh.P, Pv = sh.P;
   const int W = c.linear.short_conv_kernel_size;
   const float* wq = widen(w.q_conv, arena);
   const float* wk = widen(w.k_conv, arena);
@@ -60,9 +71,9 @@ void short_convolutions(const ModelConfig& c, const KdaWeights& w, int layer, Se
 
 // The gated delta rule per segment against its recurrent state: the recurrent form for one
 // token (decode) or when forced, the chunked WY form for a longer segment.
-void delta_rule(const ModelConfig& c, int layer, Segments segments, const ForwardOptions& opt,
-                Arena& arena, const KdaRows& a) {
-  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;
+void delta_rule(const ModelConfig& c, int layer, Segments segments, const KdaShare& sh,
+                const ForwardOptions& opt, Arena& arena, const KdaRows& a) {
+  const int64_t H = sh.H, dk = c.linear.head_dim, dv = dk;
   const int64_t chunk = std::max<int64_t>(1, opt.kda_chunk);
   float* scratch = nullptr;
   for (const Segment& s : segments) {
@@ -86,8 +97,11 @@ void delta_rule(const ModelConfig& c, int layer, Segments segments, const Forwar
 void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
                const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
   const Proj pj = make_proj(opt, arena);
+  const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
-  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk, P = H * dk;
+  const int64_t Hall = c.linear.num_heads, dk = c.linear.head_dim, dv = dk, d = c.hidden_size;
+  const int64_t H = tp.range(Hall).size(), P = H * dk;
+  const KdaShare sh{H, P};
   KdaRows a;
   a.q = arena.take<float>(T * P);
   a.k = arena.take<float>(T * P);
@@ -100,7 +114,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments se
   a.o = arena.take<float>(T * H * dv);
 
   project_inputs(c, w, pj, x, T, a);
-  short_convolutions(c, w, layer, segments, arena, a);
+  short_convolutions(c, w, layer, segments, sh, arena, a);
   round_to_bf16(a.q, T * P, bf16);
   round_to_bf16(a.k, T * P, bf16);
   round_to_bf16(a.v, T * H * dv, bf16);
@@ -116,13 +130,22 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments se
            c.linear.gate_lower_bound, a.g);
   for (int64_t i = 0; i < T * H; ++i) a.beta[i] = sigmoidf(a.beta[i]);
 
-  delta_rule(c, layer, segments, opt, arena, a);
+  delta_rule(c, layer, segments, sh, opt, arena, a);
   round_to_bf16(a.o, T * H * dv, bf16);
 
-  // Output: gated RMSNorm per head, then o_proj.
+  // Output: gated RMSNorm per head, then the heads of every rank, then o_proj.
   if (!c.linear.use_full_rank_gate) project(pj, a.ga, T, w.g_b_proj, a.gate);
   gated_rms_norm(a.o, a.gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, a.o);
-  project(pj, a.o, T, w.o_proj, out);
+  if (!tp.sharded()) {
+    project(pj, a.o, T, w.o_proj, out);
+    return;
+  }
+  float* o = arena.take<float>(T * Hall * dv);  // [T, H_all, dv]
+  tp.gather({part_from(a.o, o, T, Hall, dv, bf16)});
+  const Range rows = tp.range(d);
+  MatmulJob j = cols_job(o, T, w.o_proj, out, rows.begin, d);
+  project_batch(pj, &j, 1);
+  tp.gather({part(out, T, d, 1, bf16)});
 }
 
 }  // namespace attnres

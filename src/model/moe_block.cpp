@@ -4,6 +4,16 @@
 // Every token's arithmetic depends only on that token: its experts run on its own row (the
 // expert products are row-invariant, matmul.h) and its weighted expert outputs are summed in
 // expert index order, whichever other tokens share the step.
+//
+// Tensor parallelism (parallel.md): a rank computes its rows of the router (expert scores) and
+// of the latent down projection (one fused gather; every rank then selects the same top-k from
+// the whole score vector), its rows of every selected expert's w1/w3 (the intermediate
+// dimension; gathered together with its share of the shared experts' intermediate) and of w2
+// (the latent dimension), so each rank reads 1/P of every selected expert whatever the routing;
+// it sums its latent elements of the weighted expert outputs in the single process's order,
+// gathers the latent aggregate (the shared experts' down projection runs meanwhile), computes
+// its output rows of the latent up projection and adds the shared experts' rows; the sum is
+// gathered: 4 gathers per layer. The dense MLP: gate/up rows, gathered, down rows, gathered.
 #include <algorithm>
 #include <cstring>
 
@@ -19,7 +29,7 @@ namespace {
 constexpr int64_t kMoeTokenSlice = 512;
 
 struct MoeDims {
-  int64_t d, E, K, I, r, Is;
+  int64_t d, E, K, I, r, Is_all;  // Is_all: the shared experts' intermediate, every rank's
   bool latent, shared;
 };
 
@@ -32,42 +42,38 @@ MoeDims moe_dims(const ModelConfig& c, const MoeWeights& w) {
   m.latent = c.routed_expert_hidden_size.has_value();
   m.r = m.latent ? *c.routed_expert_hidden_size : m.d;
   m.shared = c.num_shared_experts > 0;
-  m.Is = m.shared ? w.shared_gate.shape[0] : 0;
+  m.Is_all = m.shared ? int64_t{c.num_shared_experts} * c.moe_intermediate_size : 0;
+  (void)w;
   return m;
 }
 
-// Everything that reads x, in one batch: the router logits (f32 over the full-width input,
-// x.float() @ W_r.float(), not rounded), the latent down projection and the shared MLP's gate
-// and up projections (bf16 nn.Linear outputs).
-void project_inputs(const MoeWeights& w, const MoeDims& m, const Proj& pj, const float* x,
-                    int64_t T, float* logits, float* zl, float* sg, float* su) {
-  MatmulJob jobs[4];
-  int n = 0;
-  jobs[n++] = dense_job(x, T, w.gate, logits);
-  if (m.latent) jobs[n++] = dense_job(x, T, w.latent_down, zl);
-  if (m.shared) {
-    jobs[n++] = dense_job(x, T, w.shared_gate, sg);
-    jobs[n++] = dense_job(x, T, w.shared_up, su);
-  }
-  project_batch(pj, jobs, n, /*first_rounded=*/1);  // the router logits stay f32
-}
+// This rank's share of the expert dimensions (everything with one rank).
+struct ExpertShare {
+  int64_t I;  // rows of w1 / w3 (intermediate)
+  Range r;    // rows of w2 (latent or model dimension): its columns of y
+};
 
 // y [T, r] += sum over each token's chosen experts of weight * expert(z), f32, in slices of
 // kMoeTokenSlice tokens; within a slice the (token, choice) pairs are grouped by expert so
 // each chosen expert's matrices are read once, and summed back in that (expert index) order.
+// Sharded: this rank's columns of y only. `extra` (the shared experts' intermediate, may be
+// empty) travels with the first slice's gather of the expert intermediates.
 void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m, const Proj& pj,
-                    const float* z, const int32_t* ids, const float* wts, int64_t T, float* y) {
+                    const TpStep& tp, const ExpertShare& es, const float* z, const int32_t* ids,
+                    const float* wts, int64_t T, const GatherPart& extra, float* y) {
   Arena& arena = pj.arena;
-  const int64_t E = m.E, K = m.K, I = m.I, r = m.r;
+  const int64_t E = m.E, K = m.K, I = m.I, r = m.r, Il = es.I, rl = es.r.size();
   const int64_t S = std::min<int64_t>(T, kMoeTokenSlice);
   int64_t* count = arena.take<int64_t>(E + 1);
   int64_t* fill = arena.take<int64_t>(E);
   int64_t* slot_of = arena.take<int64_t>(S * K);  // grouped position -> flat (t * K + s)
   float* zg = arena.take<float>(S * K * r);       // [S*K, r] gathered inputs, grouped by expert
-  float* h1 = arena.take<float>(S * K * I);       // [S*K, I]
-  float* h3 = arena.take<float>(S * K * I);       // [S*K, I]
-  float* eo = arena.take<float>(S * K * r);       // [S*K, r]
+  float* h1 = arena.take<float>(S * K * Il);      // [S*K, I] (this rank's I)
+  float* h3 = arena.take<float>(S * K * Il);      // [S*K, I]
+  float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
+  float* eo = arena.take<float>(S * K * rl);                       // [S*K, r] (this rank's r)
   MatmulJob* jobs = arena.take<MatmulJob>(2 * std::min(E, S * K));
+  bool extra_sent = extra.full == nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += S) {
     const int64_t ts = std::min(S, T - t0), base = t0 * K;
     // Token lists per expert (counting sort).
@@ -84,25 +90,37 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
       const int64_t begin = count[e], n = count[e + 1] - begin;
       if (n == 0) continue;
       const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
-      jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * I);
-      jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * I);
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * Il);
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * Il);
     }
     project_batch(pj, jobs, nj);
-    gated_activation(c, h1, h3, ts * K * I, pj.bf16, h1);
+    gated_activation(c, h1, h3, ts * K * Il, pj.bf16, h1);
+    if (tp.sharded()) {
+      const GatherPart hp = part_from(h1, hall, ts * K, I, 1, pj.bf16);
+      if (!extra_sent)
+        tp.gather({hp, extra});
+      else
+        tp.gather({hp});
+    } else if (!extra_sent) {
+      tp.gather({extra});
+    }
+    extra_sent = true;
     nj = 0;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t begin = count[e], n = count[e + 1] - begin;
       if (n > 0)
         jobs[nj++] =
-            expert_job(h1 + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * r);
+            expert_job(hall + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * rl);
     }
     project_batch(pj, jobs, nj);
     for (int64_t g = 0; g < ts * K; ++g) {
       const int64_t flat = slot_of[g], t = flat / K;
       const float wt = wts[flat];
-      for (int64_t i = 0; i < r; ++i) y[t * r + i] += wt * eo[g * r + i];
+      float* yt = y + t * r + es.r.begin;
+      for (int64_t i = 0; i < rl; ++i) yt[i] += wt * eo[g * rl + i];
     }
   }
+  if (!extra_sent) tp.gather({extra});
 }
 
 }  // namespace
@@ -110,15 +128,38 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
                const ForwardOptions& opt, Arena& arena, float* out) {
   const Proj pj = make_proj(opt, arena);
+  const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
   const MoeDims m = moe_dims(c, w);
-  float* logits = arena.take<float>(T * m.E);                    // [T, E]
-  float* zl = m.latent ? arena.take<float>(T * m.r) : nullptr;   // [T, r]
-  float* sg = m.shared ? arena.take<float>(T * m.Is) : nullptr;  // [T, Is]
-  float* su = m.shared ? arena.take<float>(T * m.Is) : nullptr;  // [T, Is]
-  project_inputs(w, m, pj, x, T, logits, zl, sg, su);
+  const int64_t d = m.d, Isl = m.shared ? w.shared_gate.shape[0] : 0;  // this rank's Is
+  const Range er = tp.range(m.E), rr = tp.range(m.r), dr = tp.range(d);
+  float* logits = arena.take<float>(T * m.E);                   // [T, E]
+  float* zl = m.latent ? arena.take<float>(T * m.r) : nullptr;  // [T, r]
+  float* sg = m.shared ? arena.take<float>(T * Isl) : nullptr;  // [T, Is] (this rank's)
+  float* su = m.shared ? arena.take<float>(T * Isl) : nullptr;  // [T, Is]
+  {
+    // Everything that reads x, in one batch: the router logits (f32 over the full-width input,
+    // x.float() @ W_r.float(), not rounded), the latent down projection and the shared MLP's
+    // gate and up projections (bf16 nn.Linear outputs); this rank's rows of each.
+    MatmulJob jobs[4];
+    int n = 0;
+    jobs[n++] = cols_job(x, T, w.gate, logits, er.begin, m.E);
+    if (m.latent) jobs[n++] = cols_job(x, T, w.latent_down, zl, rr.begin, m.r);
+    if (m.shared) {
+      jobs[n++] = dense_job(x, T, w.shared_gate, sg);
+      jobs[n++] = dense_job(x, T, w.shared_up, su);
+    }
+    project_batch(pj, jobs, n, /*first_rounded=*/1);  // the router logits stay f32
+  }
+  // Every rank's scores and latents (one gather); the shared MLP's activation meanwhile.
+  if (m.latent)
+    tp.start({part(logits, T, m.E, 1, false), part(zl, T, m.r, 1, bf16)});
+  else
+    tp.start({part(logits, T, m.E, 1, false)});
+  if (m.shared) gated_activation(c, sg, su, T * Isl, bf16, sg);
+  tp.finish();
 
-  // Router: top-k experts per token and their combine weights.
+  // Router: top-k experts per token and their combine weights (the same on every rank).
   int32_t* ids = arena.take<int32_t>(T * m.K);  // [T, K]
   float* wts = arena.take<float>(T * m.K);      // [T, K]
   RouterOptions ro;
@@ -129,33 +170,57 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
   route_sigmoid_topk(logits, w.gate_bias.data ? widen(w.gate_bias, arena) : nullptr, T, m.E, ro,
                      ids, wts, arena.take<float>(T * m.E));
 
-  // Routed branch in the latent space (f32 accumulation, then a bf16 value).
+  // The shared MLP's intermediate of every rank (gathered with the experts' first slice).
+  const int64_t Is = m.Is_all;
+  float* sga = m.shared && tp.sharded() ? arena.take<float>(T * Is) : sg;  // [T, Is] all ranks'
+  GatherPart extra;
+  if (m.shared && tp.sharded()) extra = part_from(sg, sga, T, Is, 1, bf16);
+
+  // Routed branch in the latent space (f32 accumulation, then a bf16 value): this rank's
+  // columns of y.
   float* y = arena.take<float>(T * m.r);  // [T, r]
   std::fill(y, y + T * m.r, 0.0f);
-  routed_experts(c, w, m, pj, m.latent ? zl : x, ids, wts, T, y);
+  const ExpertShare es{tp.range(m.I).size(), rr};
+  routed_experts(c, w, m, pj, tp, es, m.latent ? zl : x, ids, wts, T, extra, y);
   round_to_bf16(y, T * m.r, bf16);
 
-  // Back to the model width and the shared MLP's down projection, in one batch.
-  float* routed = y;                                            // [T, d]
-  float* sh = m.shared ? arena.take<float>(T * m.d) : nullptr;  // [T, d]
-  MatmulJob last[2];
-  int n = 0;
-  if (m.latent) {
+  // Back to the model width and the shared MLP's down projection: this rank's output rows.
+  float* sh = m.shared ? arena.take<float>(T * d) : nullptr;  // [T, d]
+  MatmulJob shared_down;
+  if (m.shared) shared_down = cols_job(sga, T, w.shared_down, sh, dr.begin, d);
+  float* routed = y;  // [T, d] without a latent space
+  if (m.latent && !tp.sharded()) {
+    // One rank: the up and shared down projections in one batch.
     if (w.latent_norm.data != nullptr) rms_norm(y, T, m.r, w.latent_norm, c.rms_norm_eps, bf16, y);
-    routed = arena.take<float>(T * m.d);
-    last[n++] = dense_job(y, T, w.latent_up, routed);
+    routed = arena.take<float>(T * d);
+    MatmulJob last[2] = {cols_job(y, T, w.latent_up, routed, 0, d), shared_down};
+    project_batch(pj, last, m.shared ? 2 : 1);
+  } else if (m.latent) {
+    // The aggregate of every rank (the shared down projection meanwhile), its norm, then this
+    // rank's rows of the up projection.
+    tp.start({part(y, T, m.r, 1, bf16)});
+    if (m.shared) project_batch(pj, &shared_down, 1);
+    tp.finish();
+    if (w.latent_norm.data != nullptr) rms_norm(y, T, m.r, w.latent_norm, c.rms_norm_eps, bf16, y);
+    routed = arena.take<float>(T * d);
+    MatmulJob up = cols_job(y, T, w.latent_up, routed, dr.begin, d);
+    project_batch(pj, &up, 1);
+  } else if (m.shared) {
+    project_batch(pj, &shared_down, 1);
   }
-  if (m.shared) {
-    gated_activation(c, sg, su, T * m.Is, bf16, sg);
-    last[n++] = dense_job(sg, T, w.shared_down, sh);
+  // out = routed + shared on this rank's columns, then every rank's columns.
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * d;
+    const float* ro_t = routed + t * d;
+    if (m.shared) {
+      const float* s_t = sh + t * d;
+      for (int64_t i = dr.begin; i < dr.end; ++i) o[i] = ro_t[i] + s_t[i];
+    } else {
+      std::memcpy(o + dr.begin, ro_t + dr.begin, sizeof(float) * static_cast<size_t>(dr.size()));
+    }
+    round_to_bf16(o + dr.begin, dr.size(), bf16);
   }
-  project_batch(pj, last, n);
-  if (m.shared) {
-    for (int64_t i = 0; i < T * m.d; ++i) out[i] = routed[i] + sh[i];
-  } else {
-    std::memcpy(out, routed, sizeof(float) * static_cast<size_t>(T * m.d));
-  }
-  round_to_bf16(out, T * m.d, bf16);
+  tp.gather({part(out, T, d, 1, bf16)});
 }
 
 void linear(const ForwardOptions& opt, Arena& arena, const float* x, int64_t T, const Matrix& W,
@@ -166,15 +231,21 @@ void linear(const ForwardOptions& opt, Arena& arena, const float* x, int64_t T, 
 void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
                      const ForwardOptions& opt, Arena& arena, float* out) {
   const Proj pj = make_proj(opt, arena);
-  const int64_t I = w.gate.shape[0];
-  float* g = arena.take<float>(T * I);                // [T, I]
-  float* u = arena.take<float>(T * I);                // [T, I]
-  float* tmp = arena.take<float>(T * c.hidden_size);  // [T, d] so that out may alias x
+  const TpStep tp = tp_step(opt);
+  const int64_t Il = w.gate.shape[0], I = c.intermediate_size, d = c.hidden_size;
+  float* g = arena.take<float>(T * Il);                     // [T, I] (this rank's)
+  float* u = arena.take<float>(T * Il);                     // [T, I]
+  float* ga = tp.sharded() ? arena.take<float>(T * I) : g;  // [T, I] every rank's
+  float* tmp = arena.take<float>(T * d);                    // [T, d] so that out may alias x
   MatmulJob jobs[2] = {dense_job(x, T, w.gate, g), dense_job(x, T, w.up, u)};
   project_batch(pj, jobs, 2);
-  gated_activation(c, g, u, T * I, pj.bf16, g);
-  project(pj, g, T, w.down, tmp);
-  std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(T * c.hidden_size));
+  gated_activation(c, g, u, T * Il, pj.bf16, g);
+  if (tp.sharded()) tp.gather({part_from(g, ga, T, I, 1, pj.bf16)});
+  const Range dr = tp.range(d);
+  MatmulJob down = cols_job(ga, T, w.down, tmp, dr.begin, d);
+  project_batch(pj, &down, 1);
+  tp.gather({part(tmp, T, d, 1, pj.bf16)});
+  std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(T * d));
 }
 
 }  // namespace attnres

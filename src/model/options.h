@@ -9,6 +9,8 @@
 
 namespace attnres {
 
+class TensorParallel;  // parallel/gather.h
+
 // Activation dtype flow (ActDType, plan/executor.h):
 // f32: weights as stored, widened; every activation f32 (what the golden data use).
 // bf16: the official bf16 dtype flow. Values are rounded to bf16 where the bf16 HF model holds
@@ -27,6 +29,7 @@ std::string_view kv_cache_dtype_name(KvCacheDtype d);
 struct ProjectionStats {
   double dense_seconds = 0, mxfp4_seconds = 0;
   int64_t dense_bytes = 0, mxfp4_bytes = 0;
+  double dense_flops = 0, mxfp4_flops = 0;  // 2 x rows x weight elements of each job
   int64_t batches = 0;
 };
 
@@ -38,6 +41,9 @@ struct ForwardOptions {
   bool mla_absorbed = false;   // force the absorbed MLA form for every step
   // When set, projection batches add their wall time and weight bytes here.
   ProjectionStats* projection_stats = nullptr;
+  // Tensor parallelism: this rank's communicator and gather state; null = one rank. The
+  // weights must have been bound for the same rank and rank count (ModelWeights::shard).
+  TensorParallel* tp = nullptr;
 
   bool bf16() const { return act == ActDType::kBF16; }
   KvCacheDtype cache_dtype() const {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "parallel/gather.h"
+
 namespace attnres {
 namespace {
 
@@ -133,6 +135,12 @@ Status PlannedForward::run(Segments segments, const ForwardOptions& opt, Arena& 
                       " but the executor was built for " +
                       std::string(act_dtype_name(executor_->options().dtype)));
   }
+  const Shard tp_shard = opt.tp ? opt.tp->shard() : Shard{};
+  if (tp_shard.rank != w_.shard.rank || tp_shard.ranks != w_.shard.ranks)
+    return Status(ErrorCode::kInvalidArgument,
+                  "planned forward: weights bound for rank " + std::to_string(w_.shard.rank) +
+                      " of " + std::to_string(w_.shard.ranks) + " but the step runs as rank " +
+                      std::to_string(tp_shard.rank) + " of " + std::to_string(tp_shard.ranks));
   const int64_t T = segments.empty() ? 0 : segments.back().row0 + segments.back().rows;
   ATTNRES_RETURN_IF_ERROR(check_segments(segments, T, max_tokens()));
   ModelSublayers sub(w_, segments, opt, arena, T);

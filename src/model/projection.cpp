@@ -30,13 +30,17 @@ void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
 
 void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double seconds) {
   int64_t bytes = 0;
+  double flops = 0;
   bool mxfp4 = false;
   for (int64_t i = 0; i < n; ++i) {
     bytes += job_weight_bytes(jobs[i]);
+    flops += 2.0 * static_cast<double>(jobs[i].T) * static_cast<double>(jobs[i].N) *
+             static_cast<double>(jobs[i].K);
     mxfp4 = mxfp4 || (jobs[i].kind == WeightKind::kMxfp4 && jobs[i].T > 0);
   }
   (mxfp4 ? stats.mxfp4_seconds : stats.dense_seconds) += seconds;
   (mxfp4 ? stats.mxfp4_bytes : stats.dense_bytes) += bytes;
+  (mxfp4 ? stats.mxfp4_flops : stats.dense_flops) += flops;
   ++stats.batches;
 }
 
@@ -52,8 +56,52 @@ void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rou
     record(*pj.stats, jobs, n,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  for (int64_t i = first_rounded; i < n; ++i)
-    round_to_bf16(jobs[i].y, jobs[i].T * jobs[i].N, pj.bf16);
+  if (!pj.bf16) return;
+  for (int64_t i = first_rounded; i < n; ++i) {
+    const MatmulJob& j = jobs[i];
+    if (j.ldy <= 0 || j.ldy == j.N) {
+      round_to_bf16(j.y, j.T * j.N, true);
+      continue;
+    }
+    for (int64_t t = 0; t < j.T; ++t) round_to_bf16(j.y + t * j.ldy, j.N, true);
+  }
+}
+
+TpStep tp_step(const ForwardOptions& opt) {
+  TpStep s;
+  s.tp = opt.tp;
+  if (opt.tp != nullptr) s.shard = opt.tp->shard();
+  return s;
+}
+
+void TpStep::gather(std::initializer_list<GatherPart> parts) const {
+  start(parts);
+  finish();
+}
+
+void TpStep::start(std::initializer_list<GatherPart> parts) const {
+  if (tp != nullptr) {
+    tp->start(std::span<const GatherPart>(parts.begin(), parts.size()));
+    return;
+  }
+  TensorParallel::copy_local(std::span<const GatherPart>(parts.begin(), parts.size()));
+}
+
+void TpStep::finish() const {
+  if (tp != nullptr) tp->finish();
+}
+
+MatmulJob cols_job(const float* x, int64_t T, const Matrix& W, float* y, int64_t col0, int64_t ld) {
+  MatmulJob j = dense_job(x, T, W, y + col0);
+  j.ldy = ld;
+  return j;
+}
+
+MatmulJob expert_cols_job(const float* x, int64_t T, const ExpertMatrix& m, float* y, int64_t col0,
+                          int64_t ld) {
+  MatmulJob j = expert_job(x, T, m, y + col0);
+  j.ldy = ld;
+  return j;
 }
 
 void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* y) {

@@ -9,10 +9,13 @@
 
 #include <cstdint>
 
+#include <initializer_list>
+
 #include "io/weights.h"
 #include "kernels/matmul.h"
 #include "model/arena.h"
 #include "model/options.h"
+#include "parallel/gather.h"
 
 namespace attnres {
 
@@ -26,7 +29,7 @@ struct Proj {
 Proj make_proj(const ForwardOptions& opt, Arena& arena);
 
 // Runs the jobs in one parallel region, then rounds the outputs of jobs [first_rounded, n) to
-// bf16 in the bf16 flow.
+// bf16 in the bf16 flow (each job's T rows of N values, ldy apart).
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0);
 
 // y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
@@ -42,5 +45,56 @@ const float* widen(const TensorView& t, Arena& arena);
 // out = act(gate, up) elementwise (SiTU or SiLU per the config), rounded to bf16 when asked.
 void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
                       bool bf16_out, float* out);
+
+}  // namespace attnres
+
+namespace attnres {
+
+// Tensor parallelism inside the blocks (../shared/docs/parallel.md). A sharded projection
+// computes this rank's output rows (its weight view holds only them) straight into its columns
+// of the whole [T, N] result (MatmulJob::ldy), then the ranks all-gather the result; a head-split
+// core runs on this rank's heads and gathers its outputs the same way. With one rank the shard
+// is everything and every gather is a no-op.
+struct TpStep {
+  TensorParallel* tp = nullptr;  // null: one rank
+  Shard shard;
+
+  bool sharded() const { return shard.ranks > 1; }
+  Range range(int64_t n) const { return shard.range(n); }
+  // Fused all-gather of parts that are ready together (one collective).
+  void gather(std::initializer_list<GatherPart> parts) const;
+  // The same, started; finish() completes it (independent work may run in between).
+  void start(std::initializer_list<GatherPart> parts) const;
+  void finish() const;
+};
+
+TpStep tp_step(const ForwardOptions& opt);
+
+// A job over this rank's rows of W (the view holds exactly them) writing its [T, rows] output
+// into columns [col0, col0 + rows) of y [T, ld].
+MatmulJob cols_job(const float* x, int64_t T, const Matrix& W, float* y, int64_t col0, int64_t ld);
+MatmulJob expert_cols_job(const float* x, int64_t T, const ExpertMatrix& m, float* y, int64_t col0,
+                          int64_t ld);
+
+// A gather part: y [rows, units * unit] (row stride ld, 0 = its width), this rank's columns in
+// place; `bf16` when every value is a bf16 value (rounded in the bf16 flow).
+inline GatherPart part(float* y, int64_t rows, int64_t units, int64_t unit, bool bf16,
+                       int64_t ld = 0) {
+  GatherPart p;
+  p.full = y;
+  p.rows = rows;
+  p.units = units;
+  p.unit = unit;
+  p.ld = ld;
+  p.bf16 = bf16;
+  return p;
+}
+// The same with this rank's columns in a separate contiguous buffer `local`.
+inline GatherPart part_from(const float* local, float* y, int64_t rows, int64_t units, int64_t unit,
+                            bool bf16) {
+  GatherPart p = part(y, rows, units, unit, bf16);
+  p.local = local;
+  return p;
+}
 
 }  // namespace attnres

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "model/forward.h"
+#include "util/limits.h"
 
 namespace attnres {
 
@@ -38,9 +39,9 @@ Status reference_forward(const ModelWeights& weights, SequenceState& state,
                          bool all_logits, float* logits, const CaptureFn* capture = nullptr,
                          const Misreadings& mis = {});
 
-// Most sources one reference AttnRes read may have (the published model: 8 slots + the running
-// sum).
-inline constexpr int kMaxReadSources = 64;
+// Most sources one reference AttnRes read may have (util/limits.h; config validation enforces
+// it).
+inline constexpr int kMaxReadSources = kMaxAttnResSources;
 
 // Scalar AttnRes read over S <= kMaxReadSources sources (sources[j] is [T, d]):
 //   score_j = dot(v_j, q) * rsqrt(mean(v_j^2) + eps); p = softmax(score); out = sum_j p_j v_j,

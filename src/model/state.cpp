@@ -32,8 +32,9 @@ int64_t KdaState::bytes() const {
 
 namespace {
 
-KdaState zero_kda_state(const ModelConfig& c) {
-  const int64_t H = c.linear.num_heads, dk = c.linear.head_dim, dv = dk;
+// The zero state of `H` heads.
+KdaState zero_kda_state(const ModelConfig& c, int64_t H) {
+  const int64_t dk = c.linear.head_dim, dv = dk;
   const int64_t W = c.linear.short_conv_kernel_size;
   KdaState k;
   k.conv_q.assign(static_cast<size_t>(H * dk * (W - 1)), 0.0f);
@@ -43,27 +44,19 @@ KdaState zero_kda_state(const ModelConfig& c) {
   return k;
 }
 
-int64_t kda_bytes_of(const std::vector<KdaState>& kda) {
-  int64_t n = 0;
-  for (const KdaState& k : kda) n += k.bytes();
-  return n;
-}
-
 }  // namespace
 
-int64_t kda_state_bytes(const ModelConfig& c) {
-  return c.schedule.num_kda > 0 ? zero_kda_state(c).bytes() * c.schedule.num_kda : 0;
-}
-
-int64_t SequenceSnapshot::kda_bytes() const {
-  return kda_bytes_of(kda);
+int64_t kda_state_bytes(const ModelConfig& c, const Shard& shard) {
+  const int64_t H = shard.max_units(c.linear.num_heads);
+  return c.schedule.num_kda > 0 ? zero_kda_state(c, H).bytes() * c.schedule.num_kda : 0;
 }
 
 Result<SequenceState> SequenceState::create(const ModelConfig& c, KvPool& pool,
-                                            MemoryBudget* budget) {
+                                            MemoryBudget* budget, const Shard& shard) {
   SequenceState s;
+  s.kda_accounted = kda_state_bytes(c, shard);
   if (budget != nullptr) {
-    const int64_t bytes = kda_state_bytes(c);
+    const int64_t bytes = s.kda_accounted;
     ATTNRES_RETURN_IF_ERROR(budget->take(bytes, "the KDA states of a sequence"));
     s.budget_ = budget;
     s.charged_ = bytes;
@@ -74,7 +67,7 @@ Result<SequenceState> SequenceState::create(const ModelConfig& c, KvPool& pool,
   int m = 0;
   for (size_t i = 0; i < L; ++i) {
     if (c.schedule.layers[i].attention == AttnKind::kKda) {
-      s.kda[i] = zero_kda_state(c);
+      s.kda[i] = zero_kda_state(c, shard.range(c.linear.num_heads).size());
     } else {
       s.mla_index[i] = m++;
     }
@@ -88,6 +81,7 @@ SequenceState::SequenceState(SequenceState&& o) noexcept
       cache(std::move(o.cache)),
       mla_index(std::move(o.mla_index)),
       position(o.position),
+      kda_accounted(o.kda_accounted),
       budget_(o.budget_),
       charged_(o.charged_) {
   o.budget_ = nullptr;
@@ -102,6 +96,7 @@ SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
     cache = std::move(o.cache);
     mla_index = std::move(o.mla_index);
     position = o.position;
+    kda_accounted = o.kda_accounted;
     budget_ = o.budget_;
     charged_ = o.charged_;
     o.budget_ = nullptr;
@@ -131,6 +126,7 @@ SequenceSnapshot SequenceState::snapshot() const {
   SequenceSnapshot s;
   s.position = position;
   s.kda = kda;
+  s.kda_accounted = kda_accounted;
   s.cache = SequenceCache::share_prefix(cache, position);
   return s;
 }

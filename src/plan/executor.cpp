@@ -9,6 +9,7 @@
 //  - The inverse RMS of committed slot k lives in inv_rms[k] ([max_tokens] fp32), written by the
 //    commit and read by every later read of slot k.
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -45,6 +46,17 @@ Result<std::unique_ptr<Executor>> Executor::create(Program program, Plan plan,
                   "executor: max_tokens and dim must be positive, got " +
                       std::to_string(options.max_tokens) + " and " + std::to_string(options.dim));
   }
+  // The fused step and the reference hold their sources in fixed tables (util/limits.h).
+  for (const Step& s : program.steps) {
+    if (s.is_read() && static_cast<int64_t>(s.slot_sources.size()) + 1 > kMaxAttnResSources) {
+      return Status(ErrorCode::kUnsupported,
+                    "executor: read " + s.name + " has " +
+                        std::to_string(s.slot_sources.size() + 1) + " sources (" +
+                        std::to_string(program.num_layers) + " layers, AttnRes block " +
+                        std::to_string(program.block_size) + "), at most " +
+                        std::to_string(kMaxAttnResSources) + " are supported");
+    }
+  }
   auto hazards = verify_plan(program, plan);
   if (!hazards.is_ok()) return hazards.status();
   if (!hazards->empty() && !options.allow_hazards) {
@@ -54,12 +66,25 @@ Result<std::unique_ptr<Executor>> Executor::create(Program program, Plan plan,
   }
   std::unique_ptr<Executor> ex(new Executor(std::move(program), std::move(plan), options));
   auto arena = std::make_unique<Arena>();
-  const size_t raw = static_cast<size_t>(options.max_tokens) * static_cast<size_t>(options.dim) *
-                     act_dtype_size(options.dtype);
-  arena->storage_bytes = (raw + 63) / 64 * 64;
   const size_t buffers =
       static_cast<size_t>(ex->plan_.num_storages()) + (options.capture_raw_mixture ? 1 : 0);
-  const size_t total = arena->storage_bytes * buffers;
+  // Sizes come from flags and configs: every product is checked (SIZE_MAX / 2 leaves room for
+  // the rounding to 64 bytes).
+  size_t raw = 0, total = 0, inv = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(options.max_tokens),
+                             static_cast<size_t>(options.dim), &raw) ||
+      __builtin_mul_overflow(raw, act_dtype_size(options.dtype), &raw) || raw > SIZE_MAX / 2 ||
+      __builtin_mul_overflow((raw + 63) / 64 * 64, buffers, &total) ||
+      __builtin_mul_overflow(static_cast<size_t>(ex->program_.bank_slots),
+                             static_cast<size_t>(options.max_tokens), &inv) ||
+      inv > SIZE_MAX / sizeof(float)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "executor: " + std::to_string(buffers) + " activation buffers of [" +
+                      std::to_string(options.max_tokens) + ", " + std::to_string(options.dim) +
+                      "] " + std::string(act_dtype_name(options.dtype)) +
+                      " do not fit in the address space");
+  }
+  arena->storage_bytes = (raw + 63) / 64 * 64;
   arena->base = static_cast<std::byte*>(std::aligned_alloc(64, total > 0 ? total : 64));
   if (arena->base == nullptr) {
     return Status(ErrorCode::kInternal, "executor: cannot allocate the activation arena of " +
@@ -71,8 +96,14 @@ Result<std::unique_ptr<Executor>> Executor::create(Program program, Plan plan,
   // Zeroed once so that a run is a pure function of its inputs even for plans the verifier
   // rejected (the harness runs those on purpose).
   std::memset(arena->base, 0, total);
-  arena->inv_rms.assign(
-      static_cast<size_t>(ex->program_.bank_slots) * static_cast<size_t>(options.max_tokens), 0.0f);
+  try {
+    arena->inv_rms.assign(inv, 0.0f);
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::kInternal, "executor: cannot allocate the inverse RMS of " +
+                                            std::to_string(ex->program_.bank_slots) +
+                                            " bank slots x " + std::to_string(options.max_tokens) +
+                                            " tokens");
+  }
   if (options.capture_raw_mixture) {
     arena->raw = arena->base + arena->storage_bytes * static_cast<size_t>(ex->plan_.num_storages());
   }

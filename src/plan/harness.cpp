@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <string>
 
+#include "config/config.h"
 #include "kernels/attnres.h"
 #include "plan/harness.h"
 
@@ -139,11 +141,9 @@ Status StandInModel::mlp(int layer, const ActView& in, const ActView& out) {
   return Status::ok();
 }
 
-Result<HarnessResult> run_harness(const HarnessOptions& o) {
-  if (o.layers < 1 || o.block < 0 || o.tokens < 1 || o.hidden < 1 || o.reps < 1) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "harness: layers, tokens, hidden and reps must be >= 1 and block >= 0");
-  }
+namespace {
+
+Result<HarnessResult> run_harness_checked(const HarnessOptions& o) {
   HarnessResult res;
   res.options = o;
   res.kernel_target = attnres_target_name();
@@ -232,6 +232,53 @@ Result<HarnessResult> run_harness(const HarnessOptions& o) {
     }
   }
   return res;
+}
+
+}  // namespace
+
+Status check_harness_options(const HarnessOptions& o) {
+  std::string bad;
+  auto range = [&](const char* flag, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      bad += std::string("\n  ") + flag + " is " + std::to_string(v) + ", expected " +
+             std::to_string(lo) + ".." + std::to_string(hi);
+  };
+  // The same bounds as a config's num_hidden_layers and hidden_size (config/config.h).
+  range("--layers", o.layers, 1, kMaxConfigLayers);
+  range("--block", o.block, 0, kMaxConfigLayers);
+  range("--tokens", o.tokens, 1, INT32_MAX);
+  range("--hidden", o.hidden, 1, kMaxConfigWidth);
+  range("--reps", o.reps, 1, 1000000);
+  if (bad.empty() && o.block > 0) {
+    // The final read sees every bank slot and the running sum (util/limits.h).
+    const int64_t sources = (int64_t{o.layers} + o.block - 1) / o.block + 1;
+    if (sources > kMaxAttnResSources) {
+      const int64_t min_block =
+          (int64_t{o.layers} + kMaxAttnResSources - 2) / (kMaxAttnResSources - 1);
+      bad += "\n  --layers " + std::to_string(o.layers) + " with --block " +
+             std::to_string(o.block) + " gives AttnRes reads of up to " + std::to_string(sources) +
+             " sources (ceil(" + std::to_string(o.layers) + " / " + std::to_string(o.block) +
+             ") bank slots + the running sum), at most " + std::to_string(kMaxAttnResSources) +
+             " are supported (--block >= " + std::to_string(min_block) + " for " +
+             std::to_string(o.layers) + " layers)";
+    }
+  }
+  if (bad.empty() && o.tokens > INT64_MAX / 4 / o.hidden)
+    bad += "\n  --tokens " + std::to_string(o.tokens) + " x --hidden " + std::to_string(o.hidden) +
+           " overflows a 64-bit byte count";
+  if (!bad.empty()) return Status(ErrorCode::kInvalidArgument, "harness:" + bad);
+  return Status::ok();
+}
+
+Result<HarnessResult> run_harness(const HarnessOptions& o) {
+  ATTNRES_RETURN_IF_ERROR(check_harness_options(o));
+  try {
+    return run_harness_checked(o);
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::kInternal, "harness: out of memory for " + std::to_string(o.layers) +
+                                            " layers of [" + std::to_string(o.tokens) + ", " +
+                                            std::to_string(o.hidden) + "] activations");
+  }
 }
 
 }  // namespace attnres

@@ -58,7 +58,15 @@ struct HarnessResult {
 // planned and preserve-final: no verifier finding and bitwise equal to separate (final output
 // and every bank slot); separate: no finding and identical across reps; unrestricted: at least
 // one finding and a changed final output. Errors (allocation, bad options) are a Status.
+// Options are checked first (check_harness_options); running out of memory is a kInternal
+// Status, not an exception.
 Result<HarnessResult> run_harness(const HarnessOptions& options);
+
+// The options mirror the `attnres harness` flags and are named by them in messages: layers
+// and block within a config's bounds (config/config.h) and with at most kMaxAttnResSources
+// sources per read, tokens in 1..INT32_MAX, hidden in 1..kMaxConfigWidth, reps >= 1.
+// kInvalidArgument listing every problem.
+Status check_harness_options(const HarnessOptions& options);
 
 // Deterministic stand-in parameters and sublayers (exposed for tests).
 class StandInModel : public SublayerRunner {

@@ -123,6 +123,137 @@ std::string lname(const char* what, int layer) {
   return std::string(what) + ".L" + std::to_string(layer);
 }
 
+// "L<layer>.<what>" (appended piece by piece: GCC 12 warns falsely on the chained operator+).
+std::string step_label(int layer, const char* what) {
+  std::string s = "L";
+  s += std::to_string(layer);
+  s += '.';
+  s += what;
+  return s;
+}
+
+}  // namespace
+
+namespace {
+
+// The forward program of one step, built layer by layer (k3-model.md §2, HF order). The running
+// state of the build is the current running-sum value and the sublayer output not yet folded
+// into it (the delayed add).
+class ForwardBuilder {
+ public:
+  ForwardBuilder(Program& p, const LayerSchedule& s) : p_(p), s_(s), b_(p) {}
+
+  void embed() {
+    Step e;
+    e.kind = StepKind::kEmbed;
+    e.name = "embed";
+    e.out = b_.value(ValueKind::kEmbedding, -1, "embed");
+    b_.step(e);
+    rs_ = e.out;
+  }
+
+  // Layer i: read, attention, read, MLP.
+  void layer(int i) {
+    const LayerInfo& li = s_.layers[static_cast<size_t>(i)];
+    const bool commits = p_.has_attnres() && li.commit_slot.has_value();
+    const int x_attn = pre_attention_read(i, commits ? *li.commit_slot : -1);
+    assert(!p_.has_attnres() || static_cast<int>(p_.steps.back().slot_sources.size()) + 1 ==
+                                    std::max(li.pre_attn_sources, 1));
+    const int attn_out = sublayer(StepKind::kAttention, i, x_attn, ValueKind::kAttnOut, "attn");
+    const int x_mlp = pre_mlp_read(i, attn_out, commits);
+    assert(!p_.has_attnres() ||
+           static_cast<int>(p_.steps.back().slot_sources.size()) + 1 == li.pre_mlp_sources);
+    pending_ = sublayer(StepKind::kMlp, i, x_mlp, ValueKind::kMlpOut, "mlp");
+  }
+
+  // The output mixture over the whole bank and the last running sum, then the final norm.
+  void final_read() {
+    Step f;
+    f.kind = StepKind::kFinalRead;
+    f.name = "final";
+    for (int k = 0; k < p_.bank_slots; ++k) f.slot_sources.push_back(p_.committed[k]);
+    f.rs_in = rs_;
+    f.pending = pending_;
+    if (pending_ >= 0) f.rs_out = b_.value(ValueKind::kRunningSum, -1, "rsum.final");
+    f.out = b_.value(ValueKind::kFinal, -1, "final");
+    b_.step(f);
+    p_.final_value = f.out;
+    p_.values[static_cast<size_t>(f.out)].readers.push_back(p_.output_step());
+  }
+
+ private:
+  // Every slot committed so far, in slot order.
+  std::vector<int> bank() const {
+    std::vector<int> v;
+    for (int k = 0; p_.has_attnres() && k < p_.bank_slots; ++k)
+      if (p_.committed[static_cast<size_t>(k)] >= 0) v.push_back(p_.committed[k]);
+    return v;
+  }
+
+  // The delayed add of the previous MLP output, the commit of slot `commit_slot` (>= 0 at a
+  // block start: the bank gets the block's final running sum), then the read and
+  // input_layernorm. At layer 0 the read has the embedding as its only source.
+  int pre_attention_read(int i, int commit_slot) {
+    Step r;
+    r.kind = StepKind::kPreAttnRead;
+    r.layer = i;
+    r.name = step_label(i, "pre_attn");
+    r.slot_sources = bank();
+    r.rs_in = rs_;
+    r.pending = pending_;
+    if (pending_ >= 0)
+      rs_ = r.rs_out = b_.value(ValueKind::kRunningSum, i, lname("rsum", i) + ".attn");
+    if (commit_slot >= 0) {
+      r.commit_slot = commit_slot;
+      r.commit = b_.value(ValueKind::kCommitted, i, "bank[" + std::to_string(commit_slot) + "]",
+                          commit_slot);
+      p_.committed[static_cast<size_t>(commit_slot)] = r.commit;
+    }
+    r.out = b_.value(ValueKind::kMixture, i, lname("x", i) + ".attn");
+    b_.step(r);
+    return r.out;
+  }
+
+  // Folds the attention output into the running sum (at a commit layer the block restarts: the
+  // attention output is the running sum, nothing is added), then the read and
+  // post_attention_layernorm.
+  int pre_mlp_read(int i, int attn_out, bool commits) {
+    Step r;
+    r.kind = StepKind::kPreMlpRead;
+    r.layer = i;
+    r.name = step_label(i, "pre_mlp");
+    r.slot_sources = bank();
+    r.pending = attn_out;
+    if (commits) {
+      rs_ = attn_out;
+    } else {
+      r.rs_in = rs_;
+      rs_ = r.rs_out = b_.value(ValueKind::kRunningSum, i, lname("rsum", i) + ".mlp");
+    }
+    r.out = b_.value(ValueKind::kMixture, i, lname("x", i) + ".mlp");
+    b_.step(r);
+    pending_ = -1;
+    return r.out;
+  }
+
+  int sublayer(StepKind kind, int i, int in, ValueKind out_kind, const char* what) {
+    Step s;
+    s.kind = kind;
+    s.layer = i;
+    s.name = step_label(i, what);
+    s.in = in;
+    s.out = b_.value(out_kind, i, lname(kind == StepKind::kAttention ? "attn_out" : "mlp_out", i));
+    b_.step(s);
+    return s.out;
+  }
+
+  Program& p_;
+  const LayerSchedule& s_;
+  Builder b_;
+  int rs_ = -1;       // current running-sum value
+  int pending_ = -1;  // sublayer output not yet folded in
+};
+
 }  // namespace
 
 Program build_program(const LayerSchedule& schedule) {
@@ -131,97 +262,10 @@ Program build_program(const LayerSchedule& schedule) {
   p.block_size = schedule.has_attnres() ? schedule.block_size : 0;
   p.bank_slots = schedule.has_attnres() ? schedule.bank_slots : 0;
   p.committed.assign(static_cast<size_t>(p.bank_slots), -1);
-  Builder b(p);
-
-  Step embed;
-  embed.kind = StepKind::kEmbed;
-  embed.name = "embed";
-  embed.out = b.value(ValueKind::kEmbedding, -1, "embed");
-  b.step(embed);
-
-  int rs = embed.out;  // current running-sum value
-  int pending = -1;    // sublayer output not yet folded in
-  for (int i = 0; i < p.num_layers; ++i) {
-    const LayerInfo& li = schedule.layers[static_cast<size_t>(i)];
-    const std::string L = ".L" + std::to_string(i);
-    const bool commits = p.has_attnres() && li.commit_slot.has_value();
-
-    // Pre-attention read (at layer 0: the one-source read = input_layernorm(embedding)).
-    Step ra;
-    ra.kind = StepKind::kPreAttnRead;
-    ra.layer = i;
-    ra.name = "L" + std::to_string(i) + ".pre_attn";
-    for (int k = 0; p.has_attnres() && k < p.bank_slots; ++k) {
-      if (p.committed[static_cast<size_t>(k)] >= 0) ra.slot_sources.push_back(p.committed[k]);
-    }
-    ra.rs_in = rs;
-    ra.pending = pending;
-    if (pending >= 0) {
-      ra.rs_out = b.value(ValueKind::kRunningSum, i, "rsum" + L + ".attn");
-      rs = ra.rs_out;
-    }
-    if (commits) {
-      const int k = *li.commit_slot;
-      ra.commit_slot = k;
-      ra.commit = b.value(ValueKind::kCommitted, i, "bank[" + std::to_string(k) + "]", k);
-      p.committed[static_cast<size_t>(k)] = ra.commit;
-    }
-    ra.out = b.value(ValueKind::kMixture, i, lname("x", i) + ".attn");
-    b.step(ra);
-    assert(!p.has_attnres() ||
-           static_cast<int>(ra.slot_sources.size()) + 1 == std::max(li.pre_attn_sources, 1));
-
-    Step at;
-    at.kind = StepKind::kAttention;
-    at.layer = i;
-    at.name = "L" + std::to_string(i) + ".attn";
-    at.in = ra.out;
-    at.out = b.value(ValueKind::kAttnOut, i, lname("attn_out", i));
-    b.step(at);
-
-    // Pre-MLP read. At a commit layer the block restarts: the attention output is the running
-    // sum, so nothing is added.
-    Step rm;
-    rm.kind = StepKind::kPreMlpRead;
-    rm.layer = i;
-    rm.name = "L" + std::to_string(i) + ".pre_mlp";
-    for (int k = 0; p.has_attnres() && k < p.bank_slots; ++k) {
-      if (p.committed[static_cast<size_t>(k)] >= 0) rm.slot_sources.push_back(p.committed[k]);
-    }
-    if (commits) {
-      rm.pending = at.out;
-      rs = at.out;
-    } else {
-      rm.rs_in = rs;
-      rm.pending = at.out;
-      rm.rs_out = b.value(ValueKind::kRunningSum, i, "rsum" + L + ".mlp");
-      rs = rm.rs_out;
-    }
-    rm.out = b.value(ValueKind::kMixture, i, lname("x", i) + ".mlp");
-    b.step(rm);
-    assert(!p.has_attnres() || static_cast<int>(rm.slot_sources.size()) + 1 == li.pre_mlp_sources);
-
-    Step ml;
-    ml.kind = StepKind::kMlp;
-    ml.layer = i;
-    ml.name = "L" + std::to_string(i) + ".mlp";
-    ml.in = rm.out;
-    ml.out = b.value(ValueKind::kMlpOut, i, lname("mlp_out", i));
-    b.step(ml);
-    pending = ml.out;
-  }
-
-  Step fin;
-  fin.kind = StepKind::kFinalRead;
-  fin.name = "final";
-  for (int k = 0; k < p.bank_slots; ++k) fin.slot_sources.push_back(p.committed[k]);
-  fin.rs_in = rs;
-  fin.pending = pending;
-  if (pending >= 0) fin.rs_out = b.value(ValueKind::kRunningSum, -1, "rsum.final");
-  fin.out = b.value(ValueKind::kFinal, -1, "final");
-  b.step(fin);
-  p.final_value = fin.out;
-  p.values[static_cast<size_t>(fin.out)].readers.push_back(p.output_step());
+  ForwardBuilder f(p, schedule);
+  f.embed();
+  for (int i = 0; i < p.num_layers; ++i) f.layer(i);
+  f.final_read();
   return p;
 }
 

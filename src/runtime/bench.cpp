@@ -2,6 +2,7 @@
 #include "attnres/bench.h"
 
 #include "io/weights.h"
+#include "kernels/compute_probe.h"
 #include "kernels/stream_probe.h"
 
 namespace attnres {
@@ -80,6 +81,51 @@ int64_t decode_attention_weight_bytes_per_sequence(const Model& model) {
   for (const LayerWeights& l : model.weights().layers)
     if (l.mla) b += view_bytes(l.mla->kv_b_proj);
   return b;
+}
+
+double prefill_flops_per_token(const Model& model, int64_t prompt) {
+  const ModelWeights& w = model.weights();
+  const ModelConfig& c = w.config;
+  auto mat = [](const TensorView& t) { return t.data ? static_cast<double>(t.numel()) : 0.0; };
+  auto expert = [](const ExpertMatrix& m) { return static_cast<double>(m.rows * m.cols); };
+  const double ctx = (static_cast<double>(prompt) + 1) / 2;
+  double macs = 0;
+  for (const LayerWeights& l : w.layers) {
+    if (l.kda) {
+      const KdaWeights& k = *l.kda;
+      for (const TensorView* t : {&k.q_proj, &k.k_proj, &k.v_proj, &k.f_a_proj, &k.f_b_proj,
+                                  &k.b_proj, &k.g_proj, &k.g_a_proj, &k.g_b_proj, &k.o_proj})
+        macs += mat(*t);
+      const double dk = static_cast<double>(c.linear.head_dim);
+      macs += 4 * c.linear.num_heads * dk * dk;
+    }
+    if (l.mla) {
+      const MlaWeights& m = *l.mla;
+      for (const TensorView* t :
+           {&m.q_a_proj, &m.q_b_proj, &m.q_proj, &m.kv_a_proj, &m.kv_b_proj, &m.g_proj, &m.o_proj})
+        macs += mat(*t);
+      const double H = static_cast<double>(c.num_attention_heads);
+      macs += H * ctx * static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim);
+    }
+    if (l.dense) macs += mat(l.dense->gate) + mat(l.dense->up) + mat(l.dense->down);
+    if (l.moe) {
+      const MoeWeights& m = *l.moe;
+      for (const TensorView* t :
+           {&m.gate, &m.shared_gate, &m.shared_up, &m.shared_down, &m.latent_down, &m.latent_up})
+        macs += mat(*t);
+      if (!m.experts.empty()) {
+        const ExpertWeights& e = m.experts.front();
+        macs += static_cast<double>(c.num_experts_per_token) *
+                (expert(e.w1) + expert(e.w2) + expert(e.w3));
+      }
+    }
+  }
+  return 2 * macs;
+}
+
+ComputePeak measure_compute_peak(bool bf16) {
+  const ComputeProbeResult k = compute_probe(bf16, 5);
+  return ComputePeak{k.gflop_s, k.instruction, k.threads};
 }
 
 Result<MemoryBandwidth> measure_memory_bandwidth() {

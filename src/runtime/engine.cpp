@@ -7,15 +7,25 @@
 // prompt), so how a prompt is cut depends only on the prompt and where its prefix was
 // restored, never on the other requests; the budget (max_sequences + prefill_chunk rows) always
 // has room for one whole chunk next to every decode row, so a prefill never starves.
+//
+// Several ranks (runtime/follower.h): the leader's engine records every accepted submit and
+// every cancel; step() first broadcasts them to the followers, whose engines (same id, same
+// options) apply them in the same order and step too. Nothing the engine decides depends on
+// time or on the rank: admission and the prefix store count KDA states rank-independently
+// (kda_state_bytes of the rank with the most heads), and the logits are bitwise the same on
+// every rank, so sampling is too.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <type_traits>
 
 #include "attnres/engine.h"
 #include "io/weights.h"
 #include "model/batch.h"
 #include "model/planned.h"
+#include "parallel/gather.h"
+#include "runtime/follower.h"
 #include "runtime/generation.h"
 #include "runtime/prefix_store.h"
 #include "tokenizer/tokenizer.h"
@@ -114,6 +124,13 @@ struct Engine::Impl {
   RequestId next_id = 1;
   EngineStats stats;
   std::vector<float> logits;  // [logit rows of a step, V]
+  // Tensor parallelism: the ranks, the gathers' state, this engine's id in the protocol and
+  // the events (submits, cancels) to broadcast at the next step.
+  std::shared_ptr<Communicator> group;
+  std::unique_ptr<TensorParallel> tp;
+  int64_t engine_id = 0;
+  Writer outbox;
+  bool leader() const { return group->size() > 1 && group->rank() == 0; }
 
   Impl(std::shared_ptr<const Model> m, const EngineOptions& o, int64_t context, int64_t kv_budget)
       : model(std::move(m)),
@@ -125,12 +142,15 @@ struct Engine::Impl {
         pool(w.config, cache_dtype(o), o.page_tokens, &physical) {}
 
   int64_t reservation(int64_t positions) const {
-    return reservation_bytes(w.config, pool, positions);
+    return reservation_bytes(w.config, w.shard, pool, positions);
   }
   // KV memory of a sequence of `positions` positions: its KDA states and latent pages.
-  static int64_t reservation_bytes(const ModelConfig& c, const KvPool& pool, int64_t positions) {
+  // Rank-independent (kda_state_bytes of the rank with the most heads), so every rank admits
+  // the same requests.
+  static int64_t reservation_bytes(const ModelConfig& c, const Shard& shard, const KvPool& pool,
+                                   int64_t positions) {
     const int64_t pt = pool.page_tokens();
-    return kda_state_bytes(c) + (positions + pt - 1) / pt * pool.page_bytes();
+    return kda_state_bytes(c, shard) + (positions + pt - 1) / pt * pool.page_bytes();
   }
 
   Status validate(const GenerationRequest& r, int64_t& max_new, bool& context_bound) const;
@@ -152,10 +172,44 @@ struct Engine::Impl {
 };
 
 Engine::Engine() = default;
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (impl_ && impl_->leader())
+    send_to_followers(*impl_->group, LeaderOp::kDestroyEngine, impl_->engine_id, "");
+}
+
+// Protocol events of a step message.
+enum class EngineEvent : int64_t { kSubmit = 1, kCancel = 2 };
 
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> model,
                                                const EngineOptions& o) {
+  static int64_t next_engine_id = 1;
+  const std::shared_ptr<Communicator>& group = model->group();
+  int64_t id = 0;
+  if (group->size() > 1) {
+    if (group->rank() != 0)
+      return Status(ErrorCode::kInvalidArgument,
+                    rank_prefix(*group) +
+                        "Engine::create runs on the leader (rank 0); followers "
+                        "mirror its engines in follow_leader()");
+    id = next_engine_id++;
+    static_assert(std::is_trivially_copyable_v<EngineOptions>);
+    Writer w;
+    w.pod(o);
+    send_to_followers(*group, LeaderOp::kCreateEngine, id, w.bytes());
+  }
+  return FollowerAccess::create(std::move(model), o, id);
+}
+
+Result<std::unique_ptr<Engine>> FollowerAccess::create(std::shared_ptr<const Model> model,
+                                                       const EngineOptions& o, int64_t id) {
+  std::shared_ptr<Communicator> group = model->group();
+  auto e = Engine::create_local(std::move(model), o, id);
+  ATTNRES_RETURN_IF_ERROR(agree(*group, e.is_ok() ? Status::ok() : e.status()));
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create_local(std::shared_ptr<const Model> model,
+                                                     const EngineOptions& o, int64_t id) {
   const ModelConfig& c = model->weights().config;
   auto bad = [](const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); };
   if (o.max_sequences < 1 || o.max_sequences > 4096)
@@ -174,8 +228,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
     return bad("context length " + std::to_string(context) +
                " exceeds the model's max_position_embeddings " + std::to_string(model_ctx));
   std::unique_ptr<Engine> e(new Engine());
-  const int64_t per_seq =
-      Impl::reservation_bytes(c, KvPool(c, cache_dtype(o), o.page_tokens), context);
+  const int64_t per_seq = Impl::reservation_bytes(
+      c, model->weights().shard, KvPool(c, cache_dtype(o), o.page_tokens), context);
   const int64_t kv_budget = o.kv_budget >= 0 ? o.kv_budget : per_seq * o.max_sequences;
   auto impl = std::make_unique<Impl>(std::move(model), o, context, kv_budget);
   Impl& m = *impl;
@@ -192,6 +246,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
     m.prefix = std::make_unique<PrefixStore>(o.prefix_cache_bytes, m.pool.page_bytes());
   m.stats.kv_budget_bytes = kv_budget;
   m.stats.kv_page_bytes = m.pool.page_bytes();
+  m.group = m.model->group();
+  m.tp = std::make_unique<TensorParallel>(m.group);
+  if (m.group->size() > 1) m.fwd.tp = m.tp.get();
+  m.engine_id = id;
+  m.stats.ranks = m.group->size();
   e->impl_ = std::move(impl);
   return e;
 }
@@ -277,6 +336,11 @@ Result<RequestId> Engine::submit(GenerationRequest request, GenerationCallbacks 
                                                " requests waiting); retry later");
   }
   s->id = m.next_id++;
+  if (m.leader()) {
+    m.outbox.pod(EngineEvent::kSubmit);
+    m.outbox.pod(s->id);
+    write_request(m.outbox, request);
+  }
   s->req = std::move(request);
   s->cb = std::move(callbacks);
   s->submitted = Clock::now();
@@ -291,6 +355,10 @@ Result<RequestId> Engine::submit(GenerationRequest request, GenerationCallbacks 
 
 void Engine::cancel(RequestId id) {
   Impl& m = *impl_;
+  if (m.leader()) {
+    m.outbox.pod(EngineEvent::kCancel);
+    m.outbox.pod(id);
+  }
   for (auto it = m.waiting.begin(); it != m.waiting.end(); ++it) {
     if ((*it)->id != id) continue;
     std::unique_ptr<Seq> s = std::move(*it);
@@ -311,7 +379,7 @@ void Engine::Impl::admit() {
     if (!live.fits(need)) break;  // wait for running sequences to finish
     (void)live.take(need, "request " + std::to_string(s.id));
     s.reserved = need;
-    auto state = SequenceState::create(w.config, pool);
+    auto state = SequenceState::create(w.config, pool, nullptr, w.shard);
     if (!state.is_ok()) {
       std::unique_ptr<Seq> done = std::move(waiting.front());
       waiting.pop_front();
@@ -374,9 +442,35 @@ std::vector<Planned> Engine::Impl::plan_step(std::vector<Segment>& segs,
   return plan;
 }
 
+Status FollowerAccess::replay(Engine& e, std::string_view events) {
+  Reader r(events);
+  while (!r.done() && r.ok()) {
+    const auto ev = r.pod<EngineEvent>();
+    const auto id = r.pod<RequestId>();
+    if (ev == EngineEvent::kCancel) {
+      e.cancel(id);
+      continue;
+    }
+    GenerationRequest req = read_request(r);
+    if (!r.ok()) break;
+    auto got = e.submit(std::move(req), GenerationCallbacks{});
+    if (!got.is_ok() || *got != id)
+      return Status(ErrorCode::kInconsistent,
+                    "request " + std::to_string(id) + " of the leader was " +
+                        (got.is_ok() ? "given id " + std::to_string(*got) + " here"
+                                     : "refused here: " + got.status().message()));
+  }
+  if (!r.ok()) return Status(ErrorCode::kInternal, "malformed step message from the leader");
+  return Status::ok();
+}
+
 Status Engine::step() {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
+  if (m.leader()) {
+    send_to_followers(*m.group, LeaderOp::kStep, m.engine_id, m.outbox.bytes(), &m.tp->stats());
+    m.outbox.bytes().clear();
+  }
   m.reap();
   m.admit();
   std::vector<Segment> segs;
@@ -396,6 +490,13 @@ Status Engine::step() {
   m.stats.mxfp4_seconds = m.proj.mxfp4_seconds;
   m.stats.dense_bytes = m.proj.dense_bytes;
   m.stats.mxfp4_bytes = m.proj.mxfp4_bytes;
+  m.stats.dense_flops = m.proj.dense_flops;
+  m.stats.mxfp4_flops = m.proj.mxfp4_flops;
+  const CommStats& cs = m.tp->stats();
+  m.stats.collectives = cs.collectives;
+  m.stats.gathers = cs.gathers;
+  m.stats.gather_bytes = cs.gather_bytes;
+  m.stats.comm_seconds = cs.seconds;
   for (const Planned& p : plan) {
     if (!st.is_ok())
       m.fail(*p.seq, st);

@@ -5,6 +5,8 @@
 
 #include "attnres/engine.h"
 #include "io/weights.h"
+#include "parallel/comm.h"
+#include "runtime/follower.h"
 #include "tokenizer/tokenizer.h"
 
 namespace attnres {
@@ -13,6 +15,7 @@ struct Model::Impl {
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
   ModelInfo info;
+  std::shared_ptr<Communicator> group;
 };
 
 Model::Model() : impl_(std::make_unique<Impl>()) {}
@@ -26,6 +29,9 @@ const ModelWeights& Model::weights() const {
 }
 const Tokenizer* Model::tokenizer() const {
   return impl_->tokenizer.get();
+}
+const std::shared_ptr<Communicator>& Model::group() const {
+  return impl_->group;
 }
 
 namespace {
@@ -49,13 +55,59 @@ Status load_tokenizer(const ModelLoadOptions& o, const ModelWeights& w,
 }  // namespace
 
 Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
+  std::shared_ptr<Communicator> group = o.group ? o.group : process_group();
+  if (group->size() > 1) {
+    if (group->rank() != 0)
+      return Status(ErrorCode::kInvalidArgument,
+                    rank_prefix(*group) +
+                        "Model::load runs on the leader (rank 0); followers "
+                        "load their shares in follow_leader()");
+    Writer w;
+    w.pod(o.require_tokenizer);
+    send_to_followers(*group, LeaderOp::kLoadModel, 0, w.bytes());
+  }
+  return FollowerAccess::load(o, std::move(group), Status::ok());
+}
+
+// This rank's share of the model, then the agreement of every rank (prior: an error this rank
+// already has, e.g. a bad flag, reported in the agreement instead of loading).
+Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions& o,
+                                                          std::shared_ptr<Communicator> group,
+                                                          Status prior) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   std::shared_ptr<Model> m(new Model());
-  ATTNRES_ASSIGN_OR_RETURN(m->impl_->weights, load_model(o.dir));
+  m->impl_->group = group;
+  const Shard shard{group->rank(), group->size()};
+  Status st = prior;
+  if (st.is_ok()) {
+    auto w = load_model(o.dir, shard);
+    if (w.is_ok())
+      m->impl_->weights = std::move(w).value();
+    else
+      st = w.status();
+  }
+  if (st.is_ok()) st = load_tokenizer(o, m->impl_->weights, m->impl_->tokenizer);
+  ATTNRES_RETURN_IF_ERROR(agree(*group, st));
   const ModelWeights& w = m->impl_->weights;
   int64_t bound = 0;
   for (const auto& [dtype, bytes] : w.report.bytes_by_dtype) bound += bytes;
+  if (group->size() > 1) {
+    // Every rank must have loaded the same model (its share of it): the same shape and the same
+    // whole-tensor byte counts.
+    const ModelConfig& c = w.config;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t v : {c.hidden_size, c.vocab_size, int64_t{c.num_hidden_layers},
+                      int64_t{c.num_experts}, int64_t{c.num_attention_heads},
+                      int64_t{c.linear.num_heads}, w.report.tensors_bound, bound})
+      h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+    const auto fp = static_cast<int64_t>(h >> 1);
+    const int64_t hi = group->max(fp), lo = -group->max(-fp);
+    if (hi != lo)
+      return Status(ErrorCode::kInconsistent,
+                    "the ranks loaded different models (shape or tensor sizes differ; this is " +
+                        rank_prefix(*group) + o.dir + "): give every rank the same --model");
+  }
   if (o.progress) {
     char line[256];
     std::snprintf(line, sizeof line, "loaded %s: %.2f GB mapped, %lld tensors (%.2f GB) in %.2f s",
@@ -64,7 +116,6 @@ Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
                   std::chrono::duration<double>(Clock::now() - t0).count());
     o.progress(line);
   }
-  ATTNRES_RETURN_IF_ERROR(load_tokenizer(o, w, m->impl_->tokenizer));
   ModelInfo& info = m->impl_->info;
   info.dir = o.dir;
   info.vocab_size = w.config.vocab_size;
@@ -74,6 +125,9 @@ Result<std::shared_ptr<const Model>> Model::load(const ModelLoadOptions& o) {
   info.bytes_mapped = w.report.bytes_mapped;
   info.tensors_bound = w.report.tensors_bound;
   info.weight_bytes = bound;
+  info.ranks = shard.ranks;
+  info.rank_weight_bytes = w.report.rank_bytes;
+  info.rank_replicated_bytes = w.report.rank_replicated_bytes;
   info.has_tokenizer = m->impl_->tokenizer != nullptr;
   if (const Tokenizer* t = m->impl_->tokenizer.get()) {
     if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0)

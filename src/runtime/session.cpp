@@ -18,7 +18,8 @@ Result<std::unique_ptr<Session>> Session::create(const ModelWeights& weights,
                       std::to_string(options.page_tokens));
   }
   std::unique_ptr<Session> s(new Session(weights, options));
-  ATTNRES_ASSIGN_OR_RETURN(s->state_, SequenceState::create(weights.config, s->pool_));
+  ATTNRES_ASSIGN_OR_RETURN(s->state_,
+                           SequenceState::create(weights.config, s->pool_, nullptr, weights.shard));
   if (options.planned) {
     ATTNRES_ASSIGN_OR_RETURN(
         s->planned_, PlannedForward::create(weights, options.forward.act, options.chunk_size,

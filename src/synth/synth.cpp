@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "config/config.h"
+#include "io/output.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "util/numeric.h"
@@ -123,16 +125,6 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.ends_with(suffix);
 }
 
-// Storage dtype of the release for a canonical tensor name (k3-model.md §5).
-DType release_dtype(const std::string& canon) {
-  if (ends_with(canon, "weight_packed") || ends_with(canon, "weight_scale")) return DType::kU8;
-  if (ends_with(canon, "conv1d.weight") || ends_with(canon, "A_log") ||
-      ends_with(canon, "dt_bias") || ends_with(canon, "o_norm.weight") ||
-      ends_with(canon, "e_score_correction_bias"))
-    return DType::kF32;
-  return DType::kBF16;
-}
-
 bool is_gain(const std::string& canon) {
   return ends_with(canon, "layernorm.weight") || ends_with(canon, "norm.weight");
 }
@@ -205,21 +197,6 @@ std::string published_name(const std::string& canon) {
   return "language_model.model." + canon;
 }
 
-Status write_text_file(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Status(ErrorCode::kIoError, tmp.string() + ": cannot create file");
-    out << text;
-    out.flush();
-    if (!out) return Status(ErrorCode::kIoError, tmp.string() + ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return Status(ErrorCode::kIoError, path.string() + ": rename failed: " + ec.message());
-  return Status::ok();
-}
-
 std::string base64(std::string_view bytes) {
   static constexpr char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -282,10 +259,26 @@ std::string synthetic_tokenizer_config(int64_t n_ranks) {
   return cfg.dump(2) + "\n";
 }
 
+// Whether make-model writes files named `name` (and may therefore replace or remove them with
+// `overwrite`): the config, the single file or the shards and their index, the tokenizer.
+bool is_owned_file(const std::string& name) {
+  if (name == "config.json" || name == "model.safetensors" ||
+      name == "model.safetensors.index.json" || name == "tiktoken.model" ||
+      name == "tokenizer_config.json")
+    return true;
+  // model-NNNNN-of-NNNNN.safetensors
+  if (name.size() != 32 || !name.starts_with("model-") || !name.ends_with(".safetensors") ||
+      name.substr(11, 4) != "-of-")
+    return false;
+  for (size_t i : {6, 7, 8, 9, 10, 15, 16, 17, 18, 19})
+    if (name[i] < '0' || name[i] > '9') return false;
+  return true;
+}
+
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
-  return {"tiny", "k3-mini", "deep"};
+  return {"tiny", "k3-mini", "tp-odd", "deep"};
 }
 
 Result<SynthPreset> synth_preset(const std::string& name) {
@@ -309,6 +302,20 @@ Result<SynthPreset> synth_preset(const std::string& name) {
                                    /*dense_inter=*/4096, /*experts=*/256, /*topk=*/8,
                                    /*shared=*/2, /*moe_inter=*/512, /*latent=*/512);
     p.shard_bytes = int64_t{1} << 30;
+  } else if (name == "tp-odd") {
+    // Every split dimension leaves a remainder for P = 3 (and most for 2 and 4), so the
+    // balanced partitions of tensor parallelism are uneven: 5 KDA and 5 MLA heads, 11 experts,
+    // hidden 176, vocab 1000, q_lora 80, kv_lora + rope 52, latent 160, expert intermediate 224,
+    // dense intermediate 304.
+    p.description =
+        "7 layers, hidden 176, 5 KDA / 5 MLA heads, 11 experts top-3, vocab 1000: no split "
+        "dimension divisible by 3 (tensor-parallel tests)";
+    p.text_config = k3_text_config(/*layers=*/7, /*hidden=*/176, /*vocab=*/1000, /*block=*/3,
+                                   /*kda_heads=*/5, /*mla_heads=*/5, /*q_lora=*/80,
+                                   /*kv_lora=*/44, /*nope=*/16, /*rope=*/8, /*v_dim=*/16,
+                                   /*dense_inter=*/304, /*experts=*/11, /*topk=*/3, /*shared=*/1,
+                                   /*moe_inter=*/224, /*latent=*/160);
+    p.text_config["linear_attn_config"]["head_dim"] = 32;
   } else if (name == "deep") {
     // The published depth and block size at a small width: the KDA accuracy tests run the
     // whole stack (69 KDA layers) against a float64 evaluation of the same forward. All 4
@@ -333,7 +340,8 @@ Result<SynthPreset> synth_preset(const std::string& name) {
 }
 
 Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::string& out_dir,
-                                          uint64_t seed, bool overwrite) {
+                                          uint64_t seed, bool overwrite,
+                                          const SynthProgressFn& progress) {
   const json root = {{"architectures", {"KimiK3ForConditionalGeneration"}},
                      {"model_type", "kimi_k3"},
                      {"tie_word_embeddings", false},
@@ -348,20 +356,32 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
   const std::vector<TensorSpec> specs = model_tensor_specs(cfg);
 
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return Status(ErrorCode::kInvalidArgument,
+                  "--out '" + out_dir + "' exists and is not a directory");
   fs::create_directories(dir, ec);
   if (ec)
     return Status(ErrorCode::kIoError, out_dir + ": cannot create directory: " + ec.message());
-  if (!overwrite) {
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string f = entry.path().filename().string();
-      if (f == "config.json" || f.ends_with(".safetensors") || f == "tiktoken.model" ||
-          f == "model.safetensors.index.json")
-        return Status(
-            ErrorCode::kInvalidArgument,
-            out_dir + ": already holds '" + f + "'; choose an empty directory or pass --overwrite");
-    }
+  // Without overwrite nothing that looks like a checkpoint is touched; with it, the files this
+  // writer owns are replaced or removed (so the directory loads exactly the new model), and
+  // every one of them must be a regular, writable file (check_output_path).
+  std::vector<std::string> owned;  // owned files present now
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (!overwrite && (is_owned_file(f) || f.ends_with(".safetensors")))
+      return Status(
+          ErrorCode::kInvalidArgument,
+          out_dir + ": already holds '" + f + "'; choose an empty directory or pass --overwrite");
+    if (is_owned_file(f)) owned.push_back(f);
   }
-
+  if (ec) return Status(ErrorCode::kIoError, out_dir + ": cannot list directory: " + ec.message());
+  std::sort(owned.begin(), owned.end());
+  OutputCheck check;
+  check.flag = "--out";
+  check.overwrite = overwrite;
+  check.follow_symlinks = false;  // never write through a link out of the directory
+  for (const std::string& f : owned)
+    ATTNRES_RETURN_IF_ERROR(check_output_path((dir / f).string(), check).status());
   // Assign tensors to shards (in order) by size.
   struct Planned {
     const TensorSpec* spec;
@@ -391,6 +411,16 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
   SynthReport report;
   json weight_map = json::object();
   const int n = static_cast<int>(shards.size());
+  // Progress: filling a tensor's bytes and writing them count the same.
+  SynthProgress prog;
+  prog.bytes_total = total;
+  prog.files_total = n;
+  auto tell = [&](std::string_view stage) {
+    if (!progress) return;
+    prog.stage = stage;
+    progress(prog);
+  };
+  std::set<std::string> written;  // files of the new model
   for (int si = 0; si < n; ++si) {
     char fname[64];
     if (preset.shard_bytes > 0)
@@ -400,6 +430,7 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
     std::vector<std::vector<std::byte>> buffers;
     std::vector<TensorToWrite> tensors;
     buffers.reserve(shards[static_cast<size_t>(si)].size());
+    int64_t shard_bytes = 0;
     for (const Planned& p : shards[static_cast<size_t>(si)]) {
       buffers.emplace_back(static_cast<size_t>(p.bytes));
       fill_tensor(p.spec->name, p.dtype, p.shape, p.numel, seed, buffers.back().data());
@@ -412,25 +443,50 @@ Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::
       tensors.push_back({name, p.dtype, p.shape, buffers.back().data()});
       weight_map[name] = fname;
       report.tensors++;
+      shard_bytes += p.bytes;
+      prog.bytes_filled += p.bytes;
+      tell("filling");
     }
+    tell("writing");
     ATTNRES_RETURN_IF_ERROR(write_safetensors(
         (dir / fname).string(), tensors,
         {{"format", "pt"}, {"attnres_preset", preset.name}, {"seed", std::to_string(seed)}}));
+    written.insert(fname);
     report.files++;
+    prog.bytes_written += shard_bytes;
+    prog.files_done = report.files;
+    tell("written");
   }
   report.bytes = total;
   if (preset.shard_bytes > 0) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     ATTNRES_RETURN_IF_ERROR(
-        write_text_file(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+        write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
+    written.insert("model.safetensors.index.json");
   }
   const int64_t n_ranks = cfg.vocab_size - 256;
   if (n_ranks >= 256) {
-    ATTNRES_RETURN_IF_ERROR(write_text_file(dir / "tiktoken.model", synthetic_ranks(n_ranks)));
     ATTNRES_RETURN_IF_ERROR(
-        write_text_file(dir / "tokenizer_config.json", synthetic_tokenizer_config(n_ranks)));
+        write_file_atomic((dir / "tiktoken.model").string(), synthetic_ranks(n_ranks)));
+    ATTNRES_RETURN_IF_ERROR(write_file_atomic((dir / "tokenizer_config.json").string(),
+                                              synthetic_tokenizer_config(n_ranks)));
+    written.insert("tiktoken.model");
+    written.insert("tokenizer_config.json");
   }
-  ATTNRES_RETURN_IF_ERROR(write_text_file(dir / "config.json", config_text));
+  // What the previous checkpoint left and this one does not replace (an index and its shards
+  // after a single-file model, model.safetensors after a sharded one, shards of another count,
+  // a tokenizer this preset has none of): the loader would read those instead of the new files.
+  // Removed before the config, which is written last, completes the new model.
+  written.insert("config.json");
+  for (const std::string& f : owned) {
+    if (written.count(f)) continue;
+    if (!fs::remove(dir / f, ec) || ec)
+      return Status(ErrorCode::kIoError, (dir / f).string() +
+                                             ": cannot remove the previous checkpoint's file: " +
+                                             (ec ? ec.message() : "it vanished"));
+    report.removed.push_back(f);
+  }
+  ATTNRES_RETURN_IF_ERROR(write_file_atomic(config_path, config_text));
   return report;
 }
 

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,7 +29,8 @@ struct SynthPreset {
   int64_t shard_bytes = 0;     // 0: one model.safetensors; else shards + index of about this size
 };
 
-// Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "k3-mini" (the K3
+// Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "tp-odd" (like tiny
+// with no tensor-parallel split dimension divisible by 3), "k3-mini" (the K3
 // graph at ~2 GB: 20 layers, hidden 1024, block 6 -> 4 slots and a partial final block),
 // "deep" (the published 93 layers and block 12 at hidden 64: KDA accuracy against float64).
 std::vector<std::string> synth_preset_names();
@@ -36,11 +39,29 @@ Result<SynthPreset> synth_preset(const std::string& name);
 struct SynthReport {
   int64_t tensors = 0;
   int64_t bytes = 0;
-  int files = 0;
+  int files = 0;                     // weight files written
+  std::vector<std::string> removed;  // the previous checkpoint's files removed (overwrite)
 };
 
-// Writes config.json and the weights of `preset` into `out_dir` (created if needed).
+// Where a write stands, for a progress display: every tensor is filled, then its file
+// written; bytes_filled and bytes_written each run up to bytes_total.
+struct SynthProgress {
+  std::string_view stage;  // "filling", "writing" (a weight file), "written"
+  int64_t bytes_total = 0, bytes_filled = 0, bytes_written = 0;
+  int files_total = 0, files_done = 0;
+};
+using SynthProgressFn = std::function<void(const SynthProgress&)>;
+
+// Writes config.json and the weights of `preset` into `out_dir` (created if needed). With
+// `overwrite` every file a checkpoint of this writer consists of (config.json,
+// model.safetensors, model.safetensors.index.json, model-NNNNN-of-NNNNN.safetensors,
+// tiktoken.model, tokenizer_config.json) is replaced, and those the new model does not have
+// are removed, so the directory loads exactly the new model; other files are left alone. Each
+// of them must be a regular, writable file, not a link (io/output.h check_output_path).
+// Without it a directory holding any of them or any *.safetensors is refused. config.json is
+// written last. `progress`, when given, is called as tensors are filled and files written.
 Result<SynthReport> write_synthetic_model(const SynthPreset& preset, const std::string& out_dir,
-                                          uint64_t seed, bool overwrite = false);
+                                          uint64_t seed, bool overwrite = false,
+                                          const SynthProgressFn& progress = nullptr);
 
 }  // namespace attnres

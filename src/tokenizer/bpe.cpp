@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+
+#include "util/file.h"
 
 namespace attnres {
 namespace {
@@ -236,12 +236,8 @@ Result<RankTable> RankTable::parse(std::string_view text, const std::string& sou
 }
 
 Result<RankTable> RankTable::load(const std::string& path, bool require_all_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kIoError, path + ": cannot open tokenizer rank file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status(ErrorCode::kIoError, path + ": read failed");
-  return parse(ss.str(), path, require_all_bytes);
+  ATTNRES_ASSIGN_OR_RETURN(std::string text, read_model_file(path, "tokenizer rank file"));
+  return parse(text, path, require_all_bytes);
 }
 
 namespace {

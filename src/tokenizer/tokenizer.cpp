@@ -3,11 +3,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "tokenizer/utf8.h"
+#include "util/file.h"
 
 namespace attnres {
 namespace {
@@ -29,22 +28,15 @@ const std::vector<SpecialToken>& openai_specials(PreTokenizer p) {
   return p == PreTokenizer::kO200kBase ? kO200k : kCl100k;
 }
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kIoError, path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Kimi's control-token table: names for [base, base + 256) from tokenizer_config.json's
 // added_tokens_decoder (ids outside the range are ignored, as tokenization_kimi.py does), the
 // built-in K3 names otherwise; unnamed slots get the reserved spelling.
 Result<std::vector<SpecialToken>> kimi_specials(TokenId base, const std::string& config_path,
                                                 std::string& control_source) {
   std::vector<std::string> names(kKimiReservedTokens);
-  if (std::filesystem::exists(config_path)) {
-    ATTNRES_ASSIGN_OR_RETURN(std::string text, read_text_file(config_path));
+  std::error_code ec;
+  if (std::filesystem::exists(config_path, ec)) {
+    ATTNRES_ASSIGN_OR_RETURN(std::string text, read_model_file(config_path, "tokenizer config"));
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return Status(ErrorCode::kBadJson, config_path + ": not valid JSON");
     if (!j.is_object() || !j.contains("added_tokens_decoder"))

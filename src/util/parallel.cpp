@@ -1,6 +1,8 @@
 #include "util/parallel.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,10 +43,16 @@ class Pool {
 
   void set_threads(int n) {
     n = std::max(1, n);
+    // Workers start with every signal blocked, so a process signal (SIGINT, SIGTERM) reaches
+    // the threads that chose to take it, never a worker inside a kernel.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     while (static_cast<int>(workers_.size()) < n - 1) {
       const int index = static_cast<int>(workers_.size());
       workers_.emplace_back([this, index] { work(index); });
     }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     threads_.store(n, std::memory_order_relaxed);
   }
 

@@ -82,6 +82,10 @@ int64_t peak_rss_bytes() {
 struct SingleRun {
   double prefill_tps = 0, decode_tps = 0, attnres_share = 0;
   double dense_share = 0, dense_gb_s = 0, mxfp4_share = 0, mxfp4_gb_s = 0;
+  // Tensor parallelism, per decoded token: collectives, gathered bytes, share of decode time
+  // spent in collectives (waiting included).
+  double collectives_per_token = 0, gathers_per_token = 0, gather_bytes_per_token = 0,
+         comm_share = 0;
 };
 
 Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
@@ -115,16 +119,22 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
       ds > 0 ? static_cast<double>(end.dense_bytes - at_first.dense_bytes) / ds * 1e-9 : 0;
   r.mxfp4_gb_s =
       qs > 0 ? static_cast<double>(end.mxfp4_bytes - at_first.mxfp4_bytes) / qs * 1e-9 : 0;
+  const auto g = static_cast<double>(gen);
+  r.collectives_per_token = static_cast<double>(end.collectives - at_first.collectives) / g;
+  r.gathers_per_token = static_cast<double>(end.gathers - at_first.gathers) / g;
+  r.gather_bytes_per_token = static_cast<double>(end.gather_bytes - at_first.gather_bytes) / g;
+  r.comm_share = (end.comm_seconds - at_first.comm_seconds) / dc;
   return r;
 }
 
 int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
-               const MemoryBandwidth& stream, double load_s) {
+               const MemoryBandwidth& stream, const ComputePeak& peak, double load_s) {
   const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 512;
   const ModelInfo& info = model->info();
   const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
   std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
-      mxfp4_gb_s;
+      mxfp4_gb_s, comm_share;
+  SingleRun last;
   for (int r = 0; r < a.reps; ++r) {
     auto run = single_run(model, eo, prompt, gen);
     if (!run) return fail(run.status().to_string());
@@ -135,6 +145,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     dense_gb_s.push_back(run->dense_gb_s);
     mxfp4_share.push_back(run->mxfp4_share);
     mxfp4_gb_s.push_back(run->mxfp4_gb_s);
+    comm_share.push_back(run->comm_share);
+    last = *run;
   }
   const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
   const int64_t weight_bpt = decode_weight_bytes_per_token(*model);
@@ -144,12 +156,20 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const double decode_med = median(decode_tps);
   const double achieved_gb_s = static_cast<double>(bpt) * decode_med / 1e9;
   const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
+  const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
+  const double prefill_gflop_s = median(prefill_tps) * prefill_flops * 1e-9;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
   const nlohmann::json j = {
       {"model", a.model.model},
       {"dtype", a.model.dtype},
       {"threads", thread_count()},
-      {"ranks", 1},
+      {"ranks", info.ranks},
+      {"rank_weight_bytes", info.rank_weight_bytes},
+      {"rank_replicated_bytes", info.rank_replicated_bytes},
+      {"collectives_per_token", last.collectives_per_token},
+      {"gathers_per_token", last.gathers_per_token},
+      {"gather_bytes_per_token", last.gather_bytes_per_token},
+      {"comm_share", median(comm_share)},
       {"prompt_tokens", a.prompt_tokens},
       {"gen_tokens", gen},
       {"reps", a.reps},
@@ -179,11 +199,15 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("model          %s (%s, %d threads)\n", a.model.model.c_str(), a.model.dtype.c_str(),
-              thread_count());
+  std::printf("model          %s (%s, %d threads, %d rank%s)\n", a.model.model.c_str(),
+              a.model.dtype.c_str(), thread_count(), info.ranks, info.ranks > 1 ? "s" : "");
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
   std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
+  std::printf(
+      "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
+      prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
+      peak.instruction.c_str(), peak.gflop_s);
   std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med, *dmin, *dmax);
   std::printf("bytes/token    %.1f MB (weights %.1f MB, state and cache %.1f MB)\n",
               static_cast<double>(bpt) / 1e6, static_cast<double>(weight_bpt) / 1e6,
@@ -196,7 +220,15 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       "rest %.1f%%\n",
       100.0 * median(dense_share), median(dense_gb_s), 100.0 * median(mxfp4_share),
       median(mxfp4_gb_s), 100.0 * (1.0 - median(dense_share) - median(mxfp4_share)));
-  std::printf("peak RSS       %.2f GB (weights are memory-mapped)\n",
+  if (info.ranks > 1)
+    std::printf(
+        "ranks          %d: %.1f collectives/token (%.1f gathers), %.2f MB gathered/token, "
+        "%.1f%% of decode time in collectives; rank 0 weights %.1f MB (%.1f MB replicated)\n",
+        info.ranks, last.collectives_per_token, last.gathers_per_token,
+        last.gather_bytes_per_token / 1e6, 100.0 * median(comm_share),
+        static_cast<double>(info.rank_weight_bytes) / 1e6,
+        static_cast<double>(info.rank_replicated_bytes) / 1e6);
+  std::printf("peak RSS       %.2f GB (rank 0; weights are memory-mapped)\n",
               static_cast<double>(peak_rss_bytes()) / 1e9);
   return 0;
 }
@@ -208,6 +240,7 @@ struct ConcurrentRun {
   int64_t dense_bytes_per_step = 0, mxfp4_bytes_per_step = 0, bytes_per_step = 0;
   double roofline_fraction = 0;
   double dense_gb_s = 0, mxfp4_gb_s = 0, dense_share = 0, mxfp4_share = 0;
+  double dense_gflop_s = 0, mxfp4_gflop_s = 0;  // arithmetic rate inside each phase
 };
 
 Result<ConcurrentRun> concurrent_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
@@ -274,6 +307,8 @@ Result<ConcurrentRun> concurrent_run(std::shared_ptr<const Model> model, const E
   r.mxfp4_share = qs / secs;
   r.dense_gb_s = ds > 0 ? static_cast<double>(stop.dense_bytes - start.dense_bytes) / ds / 1e9 : 0;
   r.mxfp4_gb_s = qs > 0 ? static_cast<double>(stop.mxfp4_bytes - start.mxfp4_bytes) / qs / 1e9 : 0;
+  r.dense_gflop_s = ds > 0 ? (stop.dense_flops - start.dense_flops) / ds / 1e9 : 0;
+  r.mxfp4_gflop_s = qs > 0 ? (stop.mxfp4_flops - start.mxfp4_flops) / qs / 1e9 : 0;
   return r;
 }
 
@@ -294,7 +329,7 @@ Result<std::vector<int>> parse_concurrency(const std::string& s) {
 }
 
 int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
-                   const MemoryBandwidth& stream) {
+                   const MemoryBandwidth& stream, const ComputePeak& peak) {
   auto counts = parse_concurrency(a.concurrency);
   if (!counts) return fail(counts.status().to_string());
   const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 128;
@@ -303,7 +338,7 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
   if (!a.json)
     std::printf("%4s %14s %14s %9s %16s %16s %9s  %s\n", "N", "aggregate tok/s", "per-seq tok/s",
                 "TTFT s", "dense MB/step", "MXFP4 MB/step", "roofline",
-                "time in dense / MXFP4 projections (GB/s)");
+                "time in dense / MXFP4 projections (GB/s, GFLOP/s)");
   for (int n : *counts) {
     auto r = concurrent_run(model, eo, n, a.prompt_tokens, gen, cache_elem, stream.read_gb_s);
     if (!r) return fail(r.status().to_string());
@@ -318,28 +353,39 @@ int run_concurrent(const BenchArgs& a, std::shared_ptr<const Model> model, const
                     {"dense_proj_share", r->dense_share},
                     {"dense_proj_gb_s", r->dense_gb_s},
                     {"mxfp4_proj_share", r->mxfp4_share},
-                    {"mxfp4_proj_gb_s", r->mxfp4_gb_s}});
+                    {"mxfp4_proj_gb_s", r->mxfp4_gb_s},
+                    {"dense_proj_gflop_s", r->dense_gflop_s},
+                    {"mxfp4_proj_gflop_s", r->mxfp4_gflop_s}});
     if (!a.json)
-      std::printf("%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%\n", n, r->aggregate_tps,
-                  r->per_seq_tps, r->ttft_s, static_cast<double>(r->dense_bytes_per_step) / 1e6,
-                  static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction);
+      std::printf(
+          "%4d %15.2f %14.2f %9.3f %16.1f %16.1f %8.1f%%  %.0f%% (%.1f, %.0f) / %.0f%% (%.1f, "
+          "%.0f)\n",
+          n, r->aggregate_tps, r->per_seq_tps, r->ttft_s,
+          static_cast<double>(r->dense_bytes_per_step) / 1e6,
+          static_cast<double>(r->mxfp4_bytes_per_step) / 1e6, 100.0 * r->roofline_fraction,
+          100.0 * r->dense_share, r->dense_gb_s, r->dense_gflop_s, 100.0 * r->mxfp4_share,
+          r->mxfp4_gb_s, r->mxfp4_gflop_s);
   }
   if (a.json) {
     std::cout << nlohmann::json{{"model", a.model.model},
                                 {"dtype", a.model.dtype},
                                 {"threads", thread_count()},
-                                {"ranks", 1},
+                                {"ranks", model->info().ranks},
                                 {"prompt_tokens", a.prompt_tokens},
                                 {"gen_tokens", gen},
                                 {"stream_gb_s", stream.read_gb_s},
+                                {"peak_gflops", peak.gflop_s},
+                                {"peak_instruction", peak.instruction},
                                 {"concurrency", rows},
                                 {"peak_rss_bytes", peak_rss_bytes()}}
                      .dump(2)
               << "\n";
   } else {
-    std::printf("STREAM read %.2f GB/s, %d threads, %lld prompt + %lld generated tokens each\n",
-                stream.read_gb_s, thread_count(), static_cast<long long>(a.prompt_tokens),
-                static_cast<long long>(gen));
+    std::printf(
+        "STREAM read %.2f GB/s, %s peak %.1f GFLOP/s, %d threads, %lld prompt + %lld generated "
+        "tokens each\n",
+        stream.read_gb_s, peak.instruction.c_str(), peak.gflop_s, thread_count(),
+        static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen));
   }
   return 0;
 }
@@ -356,13 +402,14 @@ int run_bench(const BenchArgs& a) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   auto stream = measure_memory_bandwidth();
   if (!stream) return fail(stream.status().to_string());
+  const ComputePeak peak = measure_compute_peak(eo->activation == ActivationType::kBF16);
   {
     // Untimed warm-up: the first pass over the memory-mapped weights faults their pages in.
     auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4);
     if (!warm) return fail(warm.status().to_string());
   }
-  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream);
-  return run_single(a, *model, *eo, *stream, load_s);
+  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream, peak);
+  return run_single(a, *model, *eo, *stream, peak, load_s);
 }
 
 const CommandRegistration kReg(

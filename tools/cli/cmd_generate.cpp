@@ -115,6 +115,7 @@ int run_generate(const GenerateArgs& a) {
               << "\n";
   } else {
     std::printf("\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "[%lld prompt tokens, %zu generated, %.2f tok/s, stop: %s]\n",
                  static_cast<long long>(r->prompt_tokens), r->tokens.size(), tps,
                  std::string(stop_reason_name(r->reason)).c_str());

@@ -1,9 +1,12 @@
-// attnres inspect: validate a config (and, with a model directory, bind every tensor), then
-// print the config summary, the layer schedule and the AttnRes bank/commit facts.
+// attnres inspect: validate a config, or a model directory with everything run, generate and
+// chat will need (every tensor, the storage plan, the tokenizer when present:
+// check/model_check.h), then print the config summary, the layer schedule, the AttnRes
+// bank/commit facts, the weights and the tokenizer. Exit status 1 on any problem.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "check/model_check.h"
 #include "command.h"
 #include "config/config.h"
 #include "io/safetensors.h"
@@ -239,10 +242,19 @@ int run_inspect(const InspectArgs& a) {
     }
     return 0;
   }
-  // A model directory: the config and every tensor must bind.
-  auto w = load_model(a.model_dir);
-  if (!w) return fail(w.status().to_string());
+  // A model directory: everything run, generate and chat will need (check/model_check.h).
+  auto checked = check_model_dir(a.model_dir);
+  if (!checked) return fail(checked.status().to_string());
+  const ModelWeights* w = &checked->weights;
   nlohmann::json wj = weights_json(*w);
+  nlohmann::json tj = nullptr;  // null: no tokenizer in the directory
+  if (const auto& t = checked->tokenizer) {
+    tj = {{"path", t->path},
+          {"ranks", t->ranks},
+          {"vocab_size", t->vocab_size},
+          {"control_tokens", t->control_token_source}};
+    for (const auto& [name, id] : t->chat_tokens) tj["chat_tokens"][name] = id;
+  }
   if (a.json) {
     nlohmann::json j = schedule_json(w->config);
     j["model_dir"] = a.model_dir;
@@ -251,10 +263,25 @@ int run_inspect(const InspectArgs& a) {
     j["params_by_dtype"] = wj["params_by_dtype"];
     j["bytes_by_dtype"] = wj["bytes_by_dtype"];
     j["extra_tensors"] = wj["extra_tensors"];
+    j["plan_buffers"] = checked->plan_buffers;
+    j["tokenizer"] = tj;
     std::cout << j.dump(2) << "\n";
   } else {
     print_schedule(w->config);
     print_weights(wj);
+    std::printf("plan          planned storage: %d [T, d] buffers, no hazard\n",
+                checked->plan_buffers);
+    if (tj.is_null()) {
+      std::printf("tokenizer     none in the directory (generate and chat need --tokenizer)\n");
+    } else {
+      std::printf(
+          "tokenizer     %s: %lld ranks, ids < %lld (vocab_size %lld), control tokens "
+          "from %s\n",
+          tj["path"].get<std::string>().c_str(), static_cast<long long>(tj["ranks"].get<int64_t>()),
+          static_cast<long long>(tj["vocab_size"].get<int64_t>()),
+          static_cast<long long>(w->config.vocab_size),
+          tj["control_tokens"].get<std::string>().c_str());
+    }
   }
   return 0;
 }

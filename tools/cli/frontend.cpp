@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 
 namespace attnres::cli {
 
@@ -11,7 +14,23 @@ bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
+namespace {
+
+std::map<const CLI::App*, const ModelArgs*>& model_args_registry() {
+  static std::map<const CLI::App*, const ModelArgs*> r;
+  return r;
+}
+
+}  // namespace
+
+const ModelArgs* model_args_of(const CLI::App* sub) {
+  const auto& r = model_args_registry();
+  auto it = r.find(sub);
+  return it == r.end() ? nullptr : it->second;
+}
+
 void add_model_options(CLI::App* sub, ModelArgs& a) {
+  model_args_registry()[sub] = &a;
   sub->add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
   sub->add_option("--tokenizer", a.tokenizer, "tiktoken.model (default: MODEL/tiktoken.model)");
   sub->add_option("--dtype", a.dtype, "Activation dtype: bf16 (default) or f32");
@@ -19,6 +38,29 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                   "MLA latent cache dtype: auto (f32 with --dtype f32, else bf16), bf16, fp8, f32");
   sub->add_option("--threads", a.threads,
                   "Threads (default: the physical cores this process may run on)");
+  sub->add_option("--kv-budget", a.kv_budget,
+                  "Bytes (K/M/G suffixes) for the KDA states and latent cache of running "
+                  "sequences, or auto (default: a full context per sequence)");
+  sub->add_option("--ctx-size", a.ctx_size,
+                  "Context length in tokens (default: the model's max_position_embeddings)");
+}
+
+Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
+  if (s == "auto") return int64_t{-1};
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  double mul = 1;
+  const std::string suffix = end ? std::string(end) : "";
+  if (suffix == "K" || suffix == "k") mul = 1024.0;
+  if (suffix == "M" || suffix == "m") mul = 1024.0 * 1024;
+  if (suffix == "G" || suffix == "g") mul = 1024.0 * 1024 * 1024;
+  const bool suffix_ok = suffix.empty() || mul > 1;
+  if (end == s.c_str() || errno != 0 || !suffix_ok || !(v > 0) || v * mul > 9.0e18)
+    return Status(ErrorCode::kInvalidArgument, std::string(flag) + " is '" + s +
+                                                   "', expected a positive byte count (e.g. "
+                                                   "4294967296, 512M, 4G) or auto");
+  return static_cast<int64_t>(v * mul);
 }
 
 Status apply_threads(int threads) {
@@ -56,6 +98,13 @@ Result<EngineOptions> engine_options(const ModelArgs& a) {
     return Status(ErrorCode::kInvalidArgument,
                   "--dtype is '" + a.dtype + "', expected bf16 or f32");
   }
+  auto kv_budget = parse_bytes(a.kv_budget, "--kv-budget");
+  if (!kv_budget) return kv_budget.status();
+  if (a.ctx_size < 0)
+    return Status(ErrorCode::kInvalidArgument,
+                  "--ctx-size is " + std::to_string(a.ctx_size) + ", expected tokens >= 1");
+  o.kv_budget = *kv_budget;
+  o.context_length = a.ctx_size;
   if (a.kv_dtype == "auto") {
     o.cache = CacheType::kAuto;
   } else if (a.kv_dtype == "bf16") {

@@ -22,11 +22,18 @@ struct ModelArgs {
   std::string tokenizer;  // default: MODEL/tiktoken.model
   std::string dtype = "bf16";
   std::string kv_dtype = "auto";
-  int threads = 0;  // 0: the physical cores this process may run on
+  int threads = 0;                 // 0: the physical cores this process may run on
+  std::string kv_budget = "auto";  // bytes (K/M/G suffixes) or auto: a full context each
+  int64_t ctx_size = 0;            // 0: the model's max_position_embeddings
 };
-// --model, --tokenizer, --dtype, --kv-dtype, --threads.
+// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size. Records `a` as
+// `sub`'s model flags, which follower ranks use (model_args_of).
 void add_model_options(CLI::App* sub, ModelArgs& a);
+// The model flags of a subcommand that loads a model (null: it loads none).
+const ModelArgs* model_args_of(const CLI::App* sub);
 
+// "123", "64M", "2G" (binary multiples) or "auto" (-1); errors name `flag`.
+Result<int64_t> parse_bytes(const std::string& s, const char* flag);
 // Applies --threads; errors name the flag.
 Status apply_threads(int threads);
 // Loads the model (progress on stderr when it is a terminal and `progress`).

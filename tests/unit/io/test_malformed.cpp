@@ -318,14 +318,23 @@ TEST(MalformedConfig, HugeLayerCountIsInvalidNotAnAllocation) {
   expect_load_error(dir, ErrorCode::kInvalidValue, {"num_hidden_layers", "2000000000"});
 }
 
-TEST(MalformedConfig, HeadDimSumBeyondIntIsAShapeError) {
+// Head dims are bounded at load (config.h), so H x (nope + rope) cannot overflow: a value past
+// the bound is refused naming it, and one at the bound is a plain shape mismatch.
+TEST(MalformedConfig, HeadDimBeyondTheBoundIsRefusedAtTheBoundAShapeError) {
   TempDir dir;
   golden_with_config_edit("tiny-a", dir.path(), [](json& c) {
     c["text_config"]["qk_nope_head_dim"] = 2147483647;
     c["text_config"]["qk_rope_head_dim"] = 10;
   });
-  // 4 heads x (2147483647 + 10) rows, computed without overflow.
-  expect_load_error(dir, ErrorCode::kShapeMismatch, {"q_b_proj.weight", "8589934628"});
+  expect_load_error(dir, ErrorCode::kInvalidValue,
+                    {"qk_nope_head_dim' is 2147483647, expected 0..1048576"});
+  TempDir at_bound;
+  golden_with_config_edit("tiny-a", at_bound.path(), [](json& c) {
+    c["text_config"]["qk_nope_head_dim"] = 1048576;
+    c["text_config"]["qk_rope_head_dim"] = 10;
+  });
+  // 4 heads x (1048576 + 10) rows.
+  expect_load_error(at_bound, ErrorCode::kShapeMismatch, {"q_b_proj.weight", "4194344"});
 }
 
 TEST(MalformedConfig, HugeBlockSizeIsOneBankSlot) {

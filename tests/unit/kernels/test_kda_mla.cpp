@@ -445,6 +445,69 @@ TEST(MlaSimd, AbsorbedBf16ContextInPlaceEqualsWidened) {
   }
 }
 
+// The decoding rows of a step in one absorbed pass (mla_attend_absorbed_rows): every row is
+// bitwise what mla_attend_absorbed gives it alone on its contiguous context, whatever the other
+// rows, their contexts, the page size (1, 3, 64: rows split across pages) and the context type.
+template <typename C>
+C to_context(float x) {
+  if constexpr (std::is_same_v<C, bf16>)
+    return f32_to_bf16(x);
+  else
+    return x;
+}
+
+template <typename C>
+void expect_rows_equal_alone(const MlaShape& sh, bool use_bf16_w, int64_t page_rows) {
+  const int64_t contexts[] = {1, 5, 64, 65, 130};
+  const int64_t n = 5;
+  std::vector<MlaCase> cases;
+  for (int64_t i = 0; i < n; ++i)
+    cases.emplace_back(sh.H, sh.nope, sh.rope, sh.v, sh.r, contexts[i], 1,
+                       static_cast<uint32_t>(900 + i * 7 + sh.r));
+  // Every case shares case 0's kv_b_proj (one layer's weights for the whole step).
+  const MlaCase& w0 = cases[0];
+  const TensorView W = weight_view(w0.w, w0.w16, use_bf16_w, sh.H * (sh.nope + sh.v), sh.r);
+  const MlaDims& d = w0.d;
+  std::vector<std::vector<C>> ctx_c(n), ctx_k(n);
+  std::vector<std::vector<const C*>> pages(n);
+  std::vector<AbsorbedRow<C>> rows(n);
+  std::vector<std::vector<float>> out(n), alone(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const MlaCase& c = cases[static_cast<size_t>(i)];
+    const int64_t N = contexts[i];
+    for (float x : c.c_kv) ctx_c[i].push_back(to_context<C>(x));
+    for (float x : c.k_rot) ctx_k[i].push_back(to_context<C>(x));
+    const int64_t pr = page_rows > 0 ? page_rows : N, np = (N + pr - 1) / pr;
+    for (int64_t k = 0; k < np; ++k) pages[i].push_back(ctx_c[i].data() + k * pr * d.r);
+    for (int64_t k = 0; k < np; ++k) pages[i].push_back(ctx_k[i].data() + k * pr * d.rope);
+    out[i].assign(static_cast<size_t>(d.H * d.v), 0.0f);
+    rows[i].q = c.q.data();
+    rows[i].c_kv = PagedRows<C>{pages[i].data(), pr, d.r, N};
+    rows[i].k_rot = PagedRows<C>{pages[i].data() + np, pr, d.rope, N};
+    rows[i].o = out[i].data();
+    alone[i].assign(out[i].size(), 0.0f);
+    std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, 1)));
+    mla_attend_absorbed(d, c.q.data(), 1, ctx_c[i].data(), ctx_k[i].data(), N, W, alone[i].data(),
+                        s.data());
+  }
+  std::vector<float> s(
+      static_cast<size_t>(mla_absorbed_rows_scratch_floats(d, contexts, n, page_rows)));
+  mla_attend_absorbed_rows(d, rows.data(), n, W, s.data());
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_EQ(0, std::memcmp(out[i].data(), alone[i].data(), out[i].size() * sizeof(float)))
+        << "row " << i << " (context " << contexts[i] << ") pages of " << page_rows;
+}
+
+TEST(MlaSimd, AbsorbedRowsOfAStepEqualEachRowAlone) {
+  for (const MlaShape& sh : kMlaShapes)
+    for (int64_t pr : {0, 1, 3, 64})
+      for_each_target([&] {
+        SCOPED_TRACE(testing::Message() << "r=" << sh.r << " pages=" << pr);
+        expect_rows_equal_alone<float>(sh, false, pr);
+        expect_rows_equal_alone<bf16>(sh, true, pr);
+      });
+}
+
 TEST(MlaSimd, ThreadCountInvariant) {
   const int saved = parallel_threads();
   const MlaCase c(8, 64, 16, 64, 256, 100, 100, 77);  // above both kernels' parallel cutoffs

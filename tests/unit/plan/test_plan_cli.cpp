@@ -58,6 +58,23 @@ TEST(PlanCli, PublishedConfigJson) {
   EXPECT_EQ(j.at("values").size(), 560u);
 }
 
+// The batched engine's step (16 decode rows + a 512-token prefill chunk) plans like any step of
+// 528 rows: the verifier passes `planned` at the lower bound; bad combinations are errors.
+TEST(PlanCli, BatchedStepBudget) {
+  SKIP_WITHOUT_CLI();
+  const std::string cfg = " --config " + std::string(ATTNRES_FIXTURES_DIR) + "/kimi-k3-config.json";
+  const CliRun r = run_cli("plan" + cfg + " --max-sequences 16 --prefill-chunk 512 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("tokens"), 528);
+  EXPECT_EQ(j.at("max_sequences"), 16);
+  EXPECT_EQ(j.at("buffer_bytes"), 528LL * 7168 * 2);
+  EXPECT_EQ(j.at("policies").at("planned").at("peak_buffers"), 10);
+  EXPECT_TRUE(j.at("policies").at("planned").at("hazards").empty());
+  EXPECT_EQ(run_cli("plan" + cfg + " --max-sequences 16").status, 1);
+  EXPECT_EQ(run_cli("plan" + cfg + " --tokens 8 --max-sequences 2 --prefill-chunk 4").status, 1);
+}
+
 // The published config without attn_res_block_size is a plain residual model: it plans (no bank,
 // no hazard under any policy) and planned meets the lower bound.
 TEST(PlanCli, PlainResidualConfig) {

@@ -366,6 +366,65 @@ TEST(Executor, RerunIsIdenticalAndParamsAreChecked) {
   EXPECT_EQ((*ex)->run(model, model.params(), too_many).code(), ErrorCode::kInvalidArgument);
 }
 
+// The fused step keeps its sources in tables of kMaxAttnResSources, checked only by an assert
+// in the kernel: the executor refuses a program beyond it (65 sources segfaulted before).
+TEST(Executor, RefusesReadsBeyondTheKernelTables) {
+  ExecutorOptions o;
+  o.max_tokens = 2;
+  o.dim = 16;
+  const Program fits = build_program(attnres_schedule(kMaxAttnResSources - 1, 1));
+  EXPECT_TRUE(Executor::create(fits, make_plan(fits, Policy::kPlanned), o).is_ok());
+  const Program over = build_program(attnres_schedule(kMaxAttnResSources, 1));
+  auto ex = Executor::create(over, make_plan(over, Policy::kPlanned), o);
+  ASSERT_FALSE(ex.is_ok());
+  EXPECT_EQ(ex.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(ex.status().message().find("65 sources (64 layers, AttnRes block 1), at most 64"),
+            std::string::npos)
+      << ex.status().message();
+}
+
+// Buffer sizes are products of the capacity and the width: an overflow is an error, not a
+// small allocation written far past its end.
+TEST(Executor, ArenaSizeArithmeticIsChecked) {
+  const Program p = build_program(attnres_schedule(13, 4));
+  ExecutorOptions o;
+  o.max_tokens = int64_t{1} << 40;
+  o.dim = int64_t{1} << 30;
+  auto ex = Executor::create(p, make_plan(p, Policy::kPlanned), o);
+  ASSERT_FALSE(ex.is_ok());
+  EXPECT_EQ(ex.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(ex.status().message().find("do not fit in the address space"), std::string::npos)
+      << ex.status().message();
+}
+
+TEST(Harness, OptionsAreCheckedAndNamedByTheirFlags) {
+  HarnessOptions o;
+  o.layers = 757;  // with the default block 12: 64 slots + the running sum
+  o.tokens = 16;
+  o.hidden = 64;
+  Status s = check_harness_options(o);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--layers 757 with --block 12 gives AttnRes reads of up to 65"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(run_harness(o).status().code(), ErrorCode::kInvalidArgument);
+  o.layers = 755;  // 63 slots + the running sum: fits
+  EXPECT_TRUE(check_harness_options(o).is_ok());
+  o.tokens = int64_t{1} << 40;
+  EXPECT_NE(check_harness_options(o).message().find("--tokens is 1099511627776"),
+            std::string::npos);
+  o.tokens = 16;
+  o.hidden = int64_t{1} << 40;
+  EXPECT_NE(check_harness_options(o).message().find("--hidden is 1099511627776, expected "
+                                                    "1..1048576"),
+            std::string::npos);
+  o.hidden = 64;
+  o.layers = 1 << 20;
+  o.block = 0;
+  EXPECT_NE(check_harness_options(o).message().find("--layers is 1048576, expected 1..65536"),
+            std::string::npos);
+}
+
 // ---- The lifetime harness, scaled down. ----
 
 // Same parity as the published shape (the last commit follows an even number of blocks), so

@@ -3,6 +3,10 @@
 // ids as one thread (the tokenizer is shared, its match scratch is per thread).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -87,6 +91,29 @@ TEST(TokenizerRobust, ConcurrentEncodingMatchesSerial) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
+// Special files where the rank file or tokenizer_config.json should be: an error naming the
+// file, never a wait for a FIFO's writer.
+TEST(TokenizerRobust, SpecialFilesAreRefusedWithoutBlocking) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("attnres_tok_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "tiktoken.model").c_str(), 0644), 0);
+  auto t = Tokenizer::load(dir.string(), PreTokenizer::kKimi);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("tokenizer rank file is a FIFO, expected a regular file"),
+            std::string::npos)
+      << t.status().message();
+  fs::remove(dir / "tiktoken.model");
+  fs::copy_file(kSynth + "/tiktoken.model", dir / "tiktoken.model");
+  fs::create_directory(dir / "tokenizer_config.json");
+  auto c = Tokenizer::load(dir.string(), PreTokenizer::kKimi);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("tokenizer config is a directory"), std::string::npos)
+      << c.status().message();
+  fs::remove_all(dir);
 }
 
 }  // namespace
