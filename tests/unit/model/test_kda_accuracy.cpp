@@ -5,6 +5,14 @@
 // expanded MLA), every logit row against a float64 evaluation of the same forward
 // (f64_forward.h). The chunked form's error may be at most 1.5x the recurrent form's.
 //
+// The bound is on the root-mean-square error over every logit, on the target the engine
+// dispatches to; the largest error is printed too. On a 93-layer random model every rounding is
+// amplified chaotically, so which single logit is worst, and by how much, moves with any change
+// of rounding order: two equally accurate forms (the recurrent KDA form with expanded vs
+// absorbed MLA, or the same forward on another SIMD target) differ by up to 2-3x in the largest
+// error, while the mean square averages 131k logits. Before the cumulative gates were summed in
+// double (kda.h), the chunked form was 4.7x the recurrent form's largest error here.
+//
 // The prompt is kTokens long (ATTNRES_ACCURACY_TOKENS overrides it for measurements; 4096 makes
 // the 4096 segment one chunk): long enough for several WY chunks of 64 and for the KDA states
 // to carry information across them.
@@ -18,6 +26,7 @@
 #include <filesystem>
 #include <random>
 
+#include <hwy/targets.h>
 #include "f64_forward.h"
 #include "runtime/session.h"
 #include "synth/synth.h"
@@ -64,41 +73,60 @@ const DeepCase& deep_case() {
   return *c;
 }
 
-// Largest |logit - f64 logit| over every row of a prefill in segments of `chunk` tokens.
-double max_error(const DeepCase& c, int64_t chunk, int64_t kda_chunk = 64) {
+// Error of the f32 logits of a prefill in segments of `segment` tokens against the f64 ones.
+struct LogitError {
+  double max = 0.0;  // largest |logit - f64 logit|
+  double rms = 0.0;  // root mean square over every logit of every row
+};
+
+LogitError logit_error(const DeepCase& c, int64_t segment) {
   SessionOptions o;
   o.forward.act = ActDType::kF32;
   o.forward.kv = KvCacheDtype::kF32;
-  o.forward.kda_chunk = kda_chunk;
-  o.chunk_size = chunk;
+  o.chunk_size = segment;
   auto s = Session::create(c.weights, o);
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   std::vector<float> logits;
   const Status st = (*s)->prefill(c.prompt, /*all_logits=*/true, logits);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(logits.size(), c.want.size());
-  double err = 0.0;
-  for (size_t i = 0; i < logits.size() && i < c.want.size(); ++i)
-    err = std::max(err, std::fabs(logits[i] - c.want[i]));
-  return err;
+  LogitError e;
+  const size_t n = std::min(logits.size(), c.want.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(logits[i] - c.want[i]);
+    e.max = std::max(e.max, d);
+    e.rms += d * d;
+  }
+  e.rms = std::sqrt(e.rms / static_cast<double>(std::max<size_t>(n, 1)));
+  return e;
+}
+
+// Segments of 1 token run the recurrent form (and absorbed MLA); 7 one short WY chunk per
+// segment; 64 one full chunk; 4096 the whole prompt in WY chunks of 64 carrying the state.
+void check_chunked_against_recurrent(const DeepCase& c, const char* label) {
+  double scale = 0.0;
+  for (double x : c.want) scale = std::max(scale, std::fabs(x));
+  const LogitError recurrent = logit_error(c, 1);
+  std::printf(
+      "%s: deep model, %zu tokens, max |logit| %.3f; |logit - f64| max / rms: "
+      "segment 1 %.3g / %.3g",
+      label, c.prompt.size(), scale, recurrent.max, recurrent.rms);
+  ASSERT_GT(recurrent.rms, 0.0) << "f32 and f64 cannot agree exactly";
+  for (int64_t segment : {7, 64, 4096}) {
+    const LogitError e = logit_error(c, segment);
+    std::printf(", segment %lld %.3g (%.2fx) / %.3g (%.2fx)", static_cast<long long>(segment),
+                e.max, e.max / recurrent.max, e.rms, e.rms / recurrent.rms);
+    EXPECT_LE(e.rms, kMaxRatio * recurrent.rms) << label << ", segment " << segment;
+  }
+  std::printf("\n");
 }
 
 TEST(KdaAccuracy, ChunkedPrefillIsAsAccurateAsRecurrentOnDeepModel) {
   const DeepCase& c = deep_case();
   ASSERT_GE(c.weights.config.schedule.num_layers(), 90);
   ASSERT_EQ(c.weights.config.schedule.block_size, 12);
-  double scale = 0.0;
-  for (double x : c.want) scale = std::max(scale, std::fabs(x));
-  const double recurrent = max_error(c, 1);
-  std::printf("deep model, %zu tokens, max |logit| %.3f; max |logit - f64|: chunk 1 %.3g",
-              c.prompt.size(), scale, recurrent);
-  ASSERT_GT(recurrent, 0.0) << "f32 and f64 cannot agree exactly";
-  for (int64_t chunk : {7, 64, 4096}) {
-    const double err = max_error(c, chunk);
-    std::printf(", chunk %lld %.3g (%.2fx)", static_cast<long long>(chunk), err, err / recurrent);
-    EXPECT_LE(err, kMaxRatio * recurrent) << "chunk " << chunk;
-  }
-  std::printf("\n");
+  // The target the engine dispatches to (the best this CPU supports, listed first).
+  check_chunked_against_recurrent(c, hwy::TargetName(hwy::SupportedAndGeneratedTargets()[0]));
 }
 
 }  // namespace
