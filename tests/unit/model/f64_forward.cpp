@@ -74,7 +74,8 @@ Vec rms_norm(const Vec& x, int64_t D, const Vec& gain, double eps) {
     double ss = 0.0;
     for (int64_t i = 0; i < D; ++i) ss += x[r * D + i] * x[r * D + i];
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
-    for (int64_t i = 0; i < D; ++i) y[r * D + i] = x[r * D + i] * inv * (gain.empty() ? 1 : gain[i]);
+    for (int64_t i = 0; i < D; ++i)
+      y[r * D + i] = x[r * D + i] * inv * (gain.empty() ? 1 : gain[i]);
   }
   return y;
 }
@@ -144,9 +145,8 @@ Vec kda(const ModelConfig& c, const KdaWeights& w, const Vec& x, int64_t T) {
     for (int64_t ch = 0; ch < P; ++ch) {
       const double a = std::exp(static_cast<double>(w.a_log_stored.get_f32(ch / dk)));
       const double z = f[t * P + ch] + dt_bias[ch];
-      g[t * P + ch] = c.linear.gate_lower_bound
-                          ? *c.linear.gate_lower_bound * sigmoid(a * z)
-                          : -a * (z > 30 ? z : std::log1p(std::exp(z)));
+      g[t * P + ch] = c.linear.gate_lower_bound ? *c.linear.gate_lower_bound * sigmoid(a * z)
+                                                : -a * (z > 30 ? z : std::log1p(std::exp(z)));
     }
   Vec beta = linear(x, T, w.b_proj);
   for (double& b : beta) b = sigmoid(b);
@@ -174,9 +174,8 @@ Vec kda(const ModelConfig& c, const KdaWeights& w, const Vec& x, int64_t T) {
     }
   }
   // Output: RMSNorm per head * o_norm * sigmoid(gate), then o_proj.
-  const Vec gate = c.linear.use_full_rank_gate
-                       ? linear(x, T, w.g_proj)
-                       : linear(linear(x, T, w.g_a_proj), T, w.g_b_proj);
+  const Vec gate = c.linear.use_full_rank_gate ? linear(x, T, w.g_proj)
+                                               : linear(linear(x, T, w.g_a_proj), T, w.g_b_proj);
   Vec on = rms_norm(o, dv, w.o_norm, c.rms_norm_eps);
   for (size_t i = 0; i < on.size(); ++i) on[i] *= sigmoid(gate[i]);
   return linear(on, T, w.o_proj);
@@ -188,12 +187,12 @@ Vec mla(const ModelConfig& c, const MlaWeights& w, const Vec& x, int64_t T) {
   const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, r = c.kv_lora_rank, qw = nope + rope, kvw = nope + vd;
   constexpr double kLatentEps = 1e-6;  // q_a_layernorm / kv_a_layernorm in the official code
-  const Vec q = c.q_lora_rank > 0
-                    ? linear(rms_norm(linear(x, T, w.q_a_proj), c.q_lora_rank, w.q_a_norm,
-                                      kLatentEps),
-                             T, w.q_b_proj)
-                    : linear(x, T, w.q_proj);  // [T, H, nope + rope]
-  const Vec kva = linear(x, T, w.kv_a_proj);   // [T, r + rope]
+  const Vec q =
+      c.q_lora_rank > 0
+          ? linear(rms_norm(linear(x, T, w.q_a_proj), c.q_lora_rank, w.q_a_norm, kLatentEps), T,
+                   w.q_b_proj)
+          : linear(x, T, w.q_proj);           // [T, H, nope + rope]
+  const Vec kva = linear(x, T, w.kv_a_proj);  // [T, r + rope]
   Vec c_kv(static_cast<size_t>(T * r)), k_rot(static_cast<size_t>(T * rope));
   for (int64_t t = 0; t < T; ++t) {
     std::copy_n(kva.begin() + t * (r + rope), r, c_kv.begin() + t * r);
@@ -251,8 +250,7 @@ Vec moe(const ModelConfig& c, const MoeWeights& w, const Vec& x, int64_t T) {
     const Vec zt(z.begin() + t * rd, z.begin() + (t + 1) * rd);
     for (int64_t i = 0; i < K; ++i) {
       const int e = order[i];
-      const double wt =
-          (c.moe_renormalize ? s[e] / (sum + 1e-20) : s[e]) * c.routed_scaling_factor;
+      const double wt = (c.moe_renormalize ? s[e] / (sum + 1e-20) : s[e]) * c.routed_scaling_factor;
       if (w1[e].w.empty()) {
         w1[e] = expert(w.experts[e].w1);
         w2[e] = expert(w.experts[e].w2);
