@@ -71,11 +71,23 @@ inline constexpr float kKdaMaxFactorLog = 80.0f;  // exp(80) ~ 5.5e34 < FLT_MAX;
 inline int64_t kda_sub_blocks(int64_t chunk) {
   return (chunk + kKdaSubBlock - 1) / kKdaSubBlock;
 }
-// gc [L, dk]: gc_c = gc_{c-1} + g_{t0+c} (head h of g [T, H, dk]; plain f32 additions).
+// gc [L, dk]: gc_c = gc_{c-1} + g_{t0+c} (head h of g [T, H, dk]), summed in double.
+// Why double: every exponent of the chunked form is a difference of two cumulative sums
+// (gc_c - gc_i), where the recurrent form multiplies per-step factors exp(g_t). An f32
+// cumulative sum carries an absolute error of order 2^-24 |gc|, and on a 64-token chunk of gates
+// near the lower bound |gc| reaches 320: every ratio of nearby steps was off by ~1e-5 relative,
+// and chunked prefill 4-5x noisier than recurrent in the logits of a 93-layer model.
 void kda_cumulative_gates(const float* g, int64_t t0, int64_t L, int64_t H, int64_t h, int64_t dk,
-                          float* gc);
+                          double* gc);
+// An exponent x[d] - y[d] (y null: x[d]) of the double cumulative gates as an unevaluated f32
+// sum hi + lo: hi = float(x - y), lo = float((x - y) - hi). exp(hi) * (1 + lo) is exp(x - y) to
+// within the exponential's own rounding whatever |x - y|; hi alone would carry an absolute error
+// up to 2^-25 |x - y|, and the factored ratios exp(gc_c - gc_s) * exp(gc_s - gc_i) multiply two
+// factors whose exponents reach +-80 within a sub-block (lower bound -5 over 16 steps) for a
+// ratio near 1, so that error, 80 times the recurrent form's per-step rounding, would dominate.
+void kda_gate_split(const double* x, const double* y, int64_t n, float* hi, float* lo);
 // Whether sub-block [s0, s1) of gc [., dk] may use the factored form: its largest decay
 // max_d (gc_s0 - gc_{s1-1}) is at most kKdaMaxFactorLog.
-bool kda_sub_block_factored(const float* gc, int64_t s0, int64_t s1, int64_t dk);
+bool kda_sub_block_factored(const double* gc, int64_t s0, int64_t s1, int64_t dk);
 
 }  // namespace attnres

@@ -77,6 +77,57 @@ HWY_INLINE void ExpDiff(const float* x, const float* y, int64_t n, float* out) {
   for (; i < n; ++i) ExpDiffN(d1, x, y, i, out);
 }
 
+// out[i] = exp(x[i] - y[i]) over the double cumulative gates (y may be null: exp(x[i])), from
+// the split exponent of kda_gate_split() (kda.h says why): exp(hi) * (1 + lo) as one fused
+// multiply-add. hi and lo are the twin's values exactly (round-to-nearest demotions).
+template <class DD>
+HWY_INLINE void SplitGates(DD dd, const double* x, const double* y, int64_t i,
+                           hn::Vec<hn::Rebind<float, DD>>& hi, hn::Vec<hn::Rebind<float, DD>>& lo) {
+  const hn::Rebind<float, DD> df;
+  auto e = hn::LoadU(dd, x + i);
+  if (y) e = hn::Sub(e, hn::LoadU(dd, y + i));
+  hi = hn::DemoteTo(df, e);
+  lo = hn::DemoteTo(df, hn::Sub(e, hn::PromoteTo(dd, hi)));
+}
+template <class DD>
+HWY_INLINE void ExpGatesN(DD dd, const double* x, const double* y, int64_t i, float* out) {
+  const hn::Rebind<float, DD> df;
+  hn::Vec<decltype(df)> hi, lo;
+  SplitGates(dd, x, y, i, hi, lo);
+  const auto ex = hn::Exp(df, hi);
+  hn::StoreU(hn::MulAdd(ex, lo, ex), df, out + i);
+}
+// ExpGates, and with `neg` also neg[i] = exp(y[i] - x[i]) from the same split negated
+// (exp(-hi) * (1 - lo)): f32 rounding is symmetric, so these are the split of y - x exactly.
+HWY_INLINE void ExpGates(const double* x, const double* y, int64_t n, float* out,
+                         float* neg = nullptr) {
+  int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  // Two vectors of doubles make one full vector of floats, so that Exp runs at full width.
+  const DF d;
+  const hn::Half<DF> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), H = L / 2;
+  for (; i + L <= n; i += L) {
+    hn::Vec<decltype(dh)> hi0, lo0, hi1, lo1;
+    SplitGates(dd, x, y, i, hi0, lo0);
+    SplitGates(dd, x, y, i + H, hi1, lo1);
+    const auto hi = hn::Combine(d, hi1, hi0), lo = hn::Combine(d, lo1, lo0);
+    const auto ex = hn::Exp(d, hi);
+    hn::StoreU(hn::MulAdd(ex, lo, ex), d, out + i);
+    if (neg) {
+      const auto en = hn::Exp(d, hn::Neg(hi));
+      hn::StoreU(hn::NegMulAdd(en, lo, en), d, neg + i);
+    }
+  }
+#endif
+  const hn::CappedTag<double, 1> dd1;
+  for (; i < n; ++i) {
+    ExpGatesN(dd1, x, y, i, out);
+    if (neg) ExpGatesN(dd1, y, x, i, neg);
+  }
+}
+
 // out[i] = x[i] * e[i]
 HWY_INLINE void MulSpan(const float* x, const float* e, int64_t n, float* out) {
   const DF d;
@@ -262,13 +313,14 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
                     const float* beta, int64_t T, int64_t H, int64_t h, int64_t dk, int64_t dv,
                     int64_t C, float* S, float* o, float* scratch) {
   const int64_t NB = kda_sub_blocks(C);
-  float* gc = scratch;                  // [C, dk] cumulative log decay
-  float* A = gc + C * dk;               // [C, C] A, then T = (I + A) diag(beta), then Aqk
+  double* gc = reinterpret_cast<double*>(scratch);  // [C, dk] cumulative log decay (2 floats each)
+  float* A = scratch + 2 * C * dk;      // [C, C] A, then T = (I + A) diag(beta), then Aqk
   float* w = A + C * C;                 // [C, dk] w, then the decayed keys of the state update
   float* u = w + C * dk;                // [C, dv] u, then v_new
-  float* aqk = u + C * dv;              // [C] (unused here: Aqk rows go into A)
-  float* tmp = aqk + C;                 // [dk] exp row / state decay
-  float* kd = tmp + dk;                 // [C, dk] k_c exp(gc_c - gc_s(c)), then kg, then q exp(gc)
+  float* eg = u + C * dv;               // [C, dk] exp(gc) rows (for kg and qg)
+  float* tmp = eg + C * dk;             // [dk] exp row / state decay
+  float* tmp2 = tmp + dk;               // [dk] exp row
+  float* kd = tmp2 + dk;                // [C, dk] k_c exp(gc_c - gc_s(c)), then kg, then q exp(gc)
   float* qd = kd + C * dk;              // [C, dk] q_c exp(gc_c - gc_s(c))
   float* kuT = qd + C * dk;             // [NB, dk, C] k_i[d] exp(gc_s_b[d] - gc_i[d])
   float* factored = kuT + NB * C * dk;  // [NB] 1 = factored form usable
@@ -281,16 +333,18 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
       const int64_t s0 = b * kKdaSubBlock, s1 = std::min(L, s0 + kKdaSubBlock);
       factored[b] = kda_sub_block_factored(gc, s0, s1, dk) ? 1.0f : 0.0f;
       if (factored[b] == 0.0f) continue;
-      for (int64_t c = s0; c < s1; ++c) {
-        ExpDiff(gc + c * dk, gc + s0 * dk, dk, tmp);
-        MulSpan(k + row(t0 + c, dk), tmp, dk, kd + c * dk);
-        MulSpan(q + row(t0 + c, dk), tmp, dk, qd + c * dk);
-      }
+      // Inside the sub-block the row factor exp(gc_c - gc_s) is the inverse of the column
+      // factor exp(gc_s - gc_c): one split, both exponentials.
       float* kub = kuT + b * dk * C;  // [dk, C]
       for (int64_t i = 0; i < s1; ++i) {
-        ExpDiff(gc + s0 * dk, gc + i * dk, dk, tmp);
+        const bool inside = i >= s0;
+        ExpGates(gc + s0 * dk, gc + i * dk, dk, tmp, inside ? tmp2 : nullptr);
         const float* ki = k + row(t0 + i, dk);
         for (int64_t d = 0; d < dk; ++d) kub[d * C + i] = ki[d] * tmp[d];
+        if (inside) {
+          MulSpan(ki, tmp2, dk, kd + i * dk);
+          MulSpan(q + row(t0 + i, dk), tmp2, dk, qd + i * dk);
+        }
       }
     }
     // Rows [s0, s1) of out (row stride C) = x_c . diag(exp(gc_c - gc_i)) k_i for i < s1 (the
@@ -320,7 +374,7 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
             const float* ki = k + row(t0 + i, dk);
             float acc = 0.0f;
             for (int64_t d = 0; d < dk; ++d)
-              acc += xc[d] * std::exp(gc[c * dk + d] - gc[i * dk + d]) * ki[d];
+              acc += xc[d] * std::exp(static_cast<float>(gc[c * dk + d] - gc[i * dk + d])) * ki[d];
             out[c * C + i] = acc;
           }
         }
@@ -354,8 +408,8 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
     // kg = exp(gc) * k (into kd); w = T kg; u = T v.
     float* kg = kd;
     for (int64_t i = 0; i < L; ++i) {
-      ExpDiff(gc + i * dk, nullptr, dk, tmp);
-      MulSpan(k + row(t0 + i, dk), tmp, dk, kg + i * dk);
+      ExpGates(gc + i * dk, nullptr, dk, eg + i * dk);
+      MulSpan(k + row(t0 + i, dk), eg + i * dk, dk, kg + i * dk);
     }
     MatArgs mw;
     mw.a = A;
@@ -396,10 +450,7 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
     for (int64_t c = 0; c < L; ++c)
       for (int64_t i = c + 1; i < L; ++i) A[c * C + i] = 0.0f;
     float* qg = kd;
-    for (int64_t c = 0; c < L; ++c) {
-      ExpDiff(gc + c * dk, nullptr, dk, tmp);
-      MulSpan(q + row(t0 + c, dk), tmp, dk, qg + c * dk);
-    }
+    for (int64_t c = 0; c < L; ++c) MulSpan(q + row(t0 + c, dk), eg + c * dk, dk, qg + c * dk);
     // o = qg S + Aqk v_new
     MatArgs mo;
     mo.a = qg;
@@ -422,13 +473,13 @@ void KdaChunkedHead(const float* q, const float* k, const float* v, const float*
     mo2.causal = true;
     MatAcc(mo2);
     // S = diag(exp(gc_last)) S + sum_c (exp(gc_last - gc_c) k_c) v_new_c^T, decayed keys in w.
-    const float* gl = gc + (L - 1) * dk;
+    const double* gl = gc + (L - 1) * dk;
     float* kdec = w;  // [C, dk]
     for (int64_t c = 0; c < L; ++c) {
-      ExpDiff(gl, gc + c * dk, dk, tmp);
+      ExpGates(gl, gc + c * dk, dk, tmp);
       MulSpan(k + row(t0 + c, dk), tmp, dk, kdec + c * dk);
     }
-    ExpDiff(gl, nullptr, dk, tmp);
+    ExpGates(gl, nullptr, dk, tmp);
     MatArgs ms;
     ms.a = kdec;
     ms.lda_m = 1;
@@ -479,7 +530,8 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
   const int64_t per_head = kda_chunk_scratch_floats(1, chunk, dk, dv);
   // The per-head layout of KdaChunkedHead (the twin's, minus its accumulator row) must fit.
   const int64_t nb = kda_sub_blocks(chunk);
-  assert(per_head >= chunk * (4 * dk + chunk + dv + 1) + dk + nb * (chunk * dk + 1));
+  assert(per_head >= chunk * (6 * dk + chunk + dv) + 2 * dk + nb * (chunk * dk + 1));
+  assert(per_head % 2 == 0);  // every head's double gc stays 8-byte aligned
   (void)nb;
   const auto head = HWY_DYNAMIC_DISPATCH(KdaChunkedHead);
   parallel_ranges(H, T * H * dk * dv > kParallelMinWork, [&](int64_t h0, int64_t h1) {

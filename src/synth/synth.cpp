@@ -278,7 +278,7 @@ bool is_owned_file(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
-  return {"tiny", "k3-mini", "tp-odd"};
+  return {"tiny", "k3-mini", "tp-odd", "deep"};
 }
 
 Result<SynthPreset> synth_preset(const std::string& name) {
@@ -316,6 +316,20 @@ Result<SynthPreset> synth_preset(const std::string& name) {
                                    /*dense_inter=*/304, /*experts=*/11, /*topk=*/3, /*shared=*/1,
                                    /*moe_inter=*/224, /*latent=*/160);
     p.text_config["linear_attn_config"]["head_dim"] = 32;
+  } else if (name == "deep") {
+    // The published depth and block size at a small width: the KDA accuracy tests run the
+    // whole stack (69 KDA layers) against a float64 evaluation of the same forward. All 4
+    // experts are routed to every token, so there is no discrete expert choice that f32
+    // rounding could flip: the logits are a continuous function of the weights.
+    p.description =
+        "published depth at small width: 93 layers, hidden 64, block 12 (8 slots, partial final "
+        "block of 9), 69 KDA layers of 2 heads x 64, 4 MXFP4 experts all routed";
+    p.text_config = k3_text_config(/*layers=*/93, /*hidden=*/64, /*vocab=*/512, /*block=*/12,
+                                   /*kda_heads=*/2, /*mla_heads=*/2, /*q_lora=*/32,
+                                   /*kv_lora=*/32, /*nope=*/16, /*rope=*/16, /*v_dim=*/16,
+                                   /*dense_inter=*/128, /*experts=*/4, /*topk=*/4, /*shared=*/1,
+                                   /*moe_inter=*/32, /*latent=*/32);
+    p.text_config["linear_attn_config"]["head_dim"] = 64;
   } else {
     std::string known;
     for (const auto& n : synth_preset_names()) known += (known.empty() ? "" : ", ") + n;

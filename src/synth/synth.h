@@ -31,7 +31,8 @@ struct SynthPreset {
 
 // Known presets: "tiny" (tests: 7 layers, block 3, partial final block), "tp-odd" (like tiny
 // with no tensor-parallel split dimension divisible by 3), "k3-mini" (the K3
-// graph at ~2 GB: 20 layers, hidden 1024, block 6 -> 4 slots and a partial final block).
+// graph at ~2 GB: 20 layers, hidden 1024, block 6 -> 4 slots and a partial final block),
+// "deep" (the published 93 layers and block 12 at hidden 64: KDA accuracy against float64).
 std::vector<std::string> synth_preset_names();
 Result<SynthPreset> synth_preset(const std::string& name);
 
