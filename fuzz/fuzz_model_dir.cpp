@@ -30,10 +30,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "check/model_check.h"
 #include "model/arena.h"
+#include "model/kv_cache.h"
 #include "model/planned.h"
 #include "model/state.h"
 
@@ -122,7 +124,13 @@ void forward_one_token(const attnres::ModelWeights& w) {
     if (fwd.status().message().empty()) std::abort();
     return;
   }
-  SequenceState state = SequenceState::create(w.config, KvCacheDtype::kBF16);
+  KvPool pool(w.config, KvCacheDtype::kBF16, /*page_tokens=*/16);
+  auto created = SequenceState::create(w.config, pool);
+  if (!created.is_ok()) {
+    if (created.status().message().empty()) std::abort();
+    return;
+  }
+  SequenceState state = std::move(created).value();
   Arena arena;
   ForwardOptions opt;
   std::vector<float> logits(static_cast<size_t>(w.config.vocab_size));

@@ -377,7 +377,7 @@ Parsed<json> parse_json_body(std::string_view content_type, std::string_view bod
     std::string why = "not valid JSON";
     try {
       const json again = json::parse(body.begin(), body.end());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e9999
       why = e.what();
       if (const size_t p = why.find("parse error"); p != std::string::npos) why = why.substr(p);
     }

@@ -49,6 +49,10 @@ std::vector<BadCase> cases() {
       {"bad_json", request("POST", "/v1/chat/completions", R"({"messages": [)"), 400, "JSON", false,
        "invalid_json"},
       {"body_is_array", request("POST", "/v1/chat/completions", "[1,2]"), 400, "JSON object"},
+      // A number beyond double's range is a JSON error, not an exception out of the parser.
+      {"number_overflow",
+       request("POST", "/v1/chat/completions", R"({"messages": [], "temperature": 2e2452})"), 400,
+       "number overflow", false, "invalid_json"},
       {"empty_body", request("POST", "/v1/chat/completions", ""), 400, "empty"},
       {"text_plain", request("POST", "/v1/chat/completions", "{}", "text/plain"), 415,
        "Content-Type", false, "unsupported_media_type"},
