@@ -17,9 +17,11 @@ MPIRUN 2 "$CLI" "${gen[@]}" >"$work/two.txt" 2>"$work/two.err" ||
   { cat "$work/two.err"; fail "generate: mpirun -np 2 failed"; }
 cmp "$work/one.txt" "$work/two.txt" || fail "generate: text on 2 ranks differs from one process"
 
-# Starts serve (command prefix in "$@"), prints its port once it is ready.
+# This script's servers, told apart from any other serve on the machine by their --alias.
+marker=tp-frontends-$$
+# Starts serve (command prefix in "$@"), sets $port once it is ready.
 start_serve() {
-  "$@" serve --model "$MODEL" --port 0 --quiet --threads 1 2>"$work/serve.err" &
+  "$@" serve --model "$MODEL" --port 0 --quiet --threads 1 --alias "$marker" 2>"$work/serve.err" &
   server=$!
   for _ in $(seq 300); do
     grep -q "ready" "$work/serve.err" 2>/dev/null && break
@@ -61,6 +63,6 @@ stop_serve 0
 start_serve "$MPIEXEC" "${mpi_flags[@]}" -np 2 "$CLI"
 two=$(completion "$port") || { cat "$work/serve.err"; fail "serve: completion on 2 ranks failed"; }
 stop_serve 1
-pgrep -f "$CLI serve --model $MODEL" >/dev/null && fail "serve: a rank is still running"
+pgrep -f -- "--alias $marker" >/dev/null && fail "serve: a rank is still running"
 [ "$one" = "$two" ] || fail "serve: 2 ranks answered '$two', one process '$one'"
 echo "generate and serve on 2 ranks equal one process; serve stopped cleanly on SIGTERM"
