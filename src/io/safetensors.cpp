@@ -245,19 +245,18 @@ Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::
   }
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
+  f->fd_ = fd;  // owned by f from here: closed by its destructor on every path
   f->map_bytes_ = static_cast<size_t>(st.st_size);
   if (f->map_bytes_ > 0) {
     void* p = ::mmap(nullptr, f->map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      Status s(ErrorCode::kIoError,
-               path + ": cannot mmap " + std::to_string(f->map_bytes_) + " bytes: " + errno_text());
-      ::close(fd);
       f->map_bytes_ = 0;
-      return s;
+      return Status(ErrorCode::kIoError, path + ": cannot mmap " +
+                                             std::to_string(static_cast<size_t>(st.st_size)) +
+                                             " bytes: " + errno_text());
     }
     f->base_ = static_cast<const std::byte*>(p);
   }
-  ::close(fd);  // the mapping keeps the file alive
   ATTNRES_ASSIGN_OR_RETURN(
       f->header_,
       parse_safetensors_header(std::span<const std::byte>(f->base_, f->map_bytes_), path));
@@ -268,6 +267,32 @@ Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::
 
 SafetensorsFile::~SafetensorsFile() {
   if (base_ != nullptr) ::munmap(const_cast<std::byte*>(base_), map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status SafetensorsFile::read_bytes(const SafetensorsEntry& e, uint64_t offset, size_t n,
+                                   std::byte* dst) const {
+  const uint64_t tensor_bytes = e.end - e.begin;
+  if (offset > tensor_bytes || n > tensor_bytes - offset)
+    return Status(ErrorCode::kInternal, path_ + ": read of bytes [" + std::to_string(offset) +
+                                            ", " + std::to_string(offset + n) + ") of tensor " +
+                                            quoted(e.name) + " outside its " +
+                                            std::to_string(tensor_bytes) + " bytes");
+  uint64_t pos = header_.data_offset + e.begin + offset;
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(pos));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return Status(ErrorCode::kIoError,
+                    path_ + ": cannot read tensor " + quoted(e.name) + " (" +
+                        std::to_string(done) + " of " + std::to_string(n) + " bytes at offset " +
+                        std::to_string(pos - done) + "): " +
+                        (got == 0 ? std::string("the file ended early") : errno_text()));
+    done += static_cast<size_t>(got);
+    pos += static_cast<uint64_t>(got);
+  }
+  return Status::ok();
 }
 
 const SafetensorsEntry* SafetensorsFile::entry(const std::string& name) const {

@@ -53,7 +53,8 @@ struct SafetensorsHeader {
 Result<SafetensorsHeader> parse_safetensors_header(std::span<const std::byte> file,
                                                    const std::string& source);
 
-// One read-only memory-mapped safetensors file.
+// One read-only memory-mapped safetensors file. The descriptor stays open so that ranges can
+// also be read into private memory (read_bytes) without touching the mapping.
 class SafetensorsFile {
  public:
   static Result<std::shared_ptr<const SafetensorsFile>> open(const std::string& path);
@@ -72,10 +73,15 @@ class SafetensorsFile {
   // The tensor as a view into the mapping; kMissingTensor naming it and the file when absent.
   Result<TensorView> tensor(const std::string& name) const;
   TensorView view(const SafetensorsEntry& e) const;
+  // Copies `n` bytes of the data section starting `offset` bytes into tensor `e` to `dst` with
+  // pread (the page cache, not this mapping); kIoError naming the file and the tensor on a
+  // short read. The range must lie inside the tensor.
+  Status read_bytes(const SafetensorsEntry& e, uint64_t offset, size_t n, std::byte* dst) const;
 
  private:
   SafetensorsFile() = default;
   std::string path_;
+  int fd_ = -1;
   const std::byte* base_ = nullptr;  // mapping of the whole file (null for an empty mapping)
   size_t map_bytes_ = 0;
   SafetensorsHeader header_;

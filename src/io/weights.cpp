@@ -9,6 +9,7 @@
 #include "io/weights.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "io/safetensors.h"
@@ -44,7 +45,10 @@ using Shape = std::vector<int64_t>;
 // Binds tensors by canonical name, collecting every problem so one load reports them all.
 class Binder {
  public:
-  Binder(const SafetensorsCheckpoint& ck, BindReport& report) : ck_(&ck), report_(&report) {}
+  // `owned` receives the private copies of this rank's rows (bind_split at P > 1).
+  Binder(const SafetensorsCheckpoint& ck, BindReport& report,
+         std::vector<std::shared_ptr<const std::byte>>& owned)
+      : ck_(&ck), report_(&report), owned_(&owned) {}
   // Enumeration mode: nothing is looked up; every tensor the model needs is recorded in `specs`
   // with its canonical shape (model_tensor_specs()).
   explicit Binder(std::vector<TensorSpec>& specs) : specs_(&specs) {}
@@ -76,7 +80,11 @@ class Binder {
   }
 
   // The same tensor split by its first dimension over the ranks: `units` units of `unit_rows`
-  // rows (shape[0] == units * unit_rows); the view holds this rank's rows only.
+  // rows (shape[0] == units * unit_rows); the view holds this rank's rows only. With P > 1 the
+  // rows are read into private memory instead of viewed in the mapping: a rank's rows of a
+  // small tensor (an expert's scales, a few KB) share pages with the other ranks' rows, and page
+  // faults on a mapping bring in whole pages and their neighbours, so a view would leave most
+  // of the tensor resident on every rank.
   TensorView bind_split(const std::string& canon, Kind kind, const Shape& shape,
                         const std::string& formula, int64_t units, int64_t unit_rows) {
     if (specs_ != nullptr) {
@@ -88,6 +96,34 @@ class Binder {
     const Range r = shard_.range(units);
     TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
     report_->rank_bytes += static_cast<int64_t>(s.nbytes);
+    if (shard_.sharded() && s.nbytes > 0) return private_copy(canon, v, s);
+    return s;
+  }
+
+  // `rows` (a slice of the mapped `whole`) read from the file into private memory; an empty
+  // view, with the problem recorded, when the read fails.
+  TensorView private_copy(const std::string& canon, const TensorView& whole,
+                          const TensorView& rows) {
+    constexpr size_t kAlign = 64;  // a cache line: what the SIMD kernels' loads prefer
+    const size_t padded = (rows.nbytes + kAlign - 1) / kAlign * kAlign;
+    std::shared_ptr<std::byte> buf(static_cast<std::byte*>(std::aligned_alloc(kAlign, padded)),
+                                   [](std::byte* p) { std::free(p); });
+    if (buf == nullptr) {
+      problem(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(rows.nbytes) +
+                                                 " bytes for this rank's rows of tensor '" +
+                                                 whole.name + "'");
+      return TensorView{};
+    }
+    const SafetensorsCheckpoint::Location* loc = ck_->find(canon_.at(canon));
+    const auto offset = static_cast<uint64_t>(rows.data - whole.data);
+    Status st = ck_->files()[loc->file]->read_bytes(*loc->entry, offset, rows.nbytes, buf.get());
+    if (!st.is_ok()) {
+      problem(st.code(), st.message());
+      return TensorView{};
+    }
+    TensorView s = rows;
+    s.data = buf.get();
+    owned_->push_back(std::move(buf));
     return s;
   }
 
@@ -196,6 +232,7 @@ class Binder {
  private:
   const SafetensorsCheckpoint* ck_ = nullptr;
   BindReport* report_ = nullptr;
+  std::vector<std::shared_ptr<const std::byte>>* owned_ = nullptr;
   std::vector<TensorSpec>* specs_ = nullptr;
   std::map<std::string, std::string> canon_;  // canonical -> name in the file
   std::string model_prefix_ = "language_model.model.";
@@ -516,7 +553,7 @@ Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard
   mw.shard = shard;
   ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
   ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
-  Binder b(ck, mw.report);
+  Binder b(ck, mw.report, mw.private_rows);
   b.set_shard(shard);
   ATTNRES_RETURN_IF_ERROR(b.index_names());
   bind_model(b, mw.config, mw);

@@ -2,16 +2,18 @@
 // `language_model.` prefixes, checked against the config (dtype and shape).
 //
 // Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
-// tensor is bound as the view of this rank's contiguous rows only (its balanced share of the
-// output rows, in whole heads where heads are split; TensorSpec::split says how), so a rank
-// touches only its rows of the memory-mapped files and its resident weights are ~1/P of the
-// sharded ones plus the replicated ones (embedding, norms, AttnRes queries, the router's
-// selection bias, KDA's f_a_proj and o_norm). With P = 1 every view is the whole tensor.
+// tensor is bound as this rank's contiguous rows only (its balanced share of the output rows, in
+// whole heads where heads are split; TensorSpec::split says how). With P > 1 those rows are read
+// from the file into private memory (ModelWeights::private_rows), never touched through the
+// mapping, so a rank's resident weights are its rows of the sharded tensors plus the replicated
+// ones (embedding, norms, AttnRes queries, the router's selection bias, KDA's f_a_proj and
+// o_norm), viewed in the shared mapping. With P = 1 every view is the whole mapped tensor.
 //
 // Contract: load_model() validates the config and every safetensors header before touching any
 // tensor data, binds every tensor the model needs (a missing tensor is an error naming it), and
 // counts unused extra tensors (reported, not fatal). The views point into read-only memory
-// maps owned by ModelWeights::files; they live as long as the ModelWeights.
+// maps owned by ModelWeights::files, or (sharded, P > 1) into ModelWeights::private_rows; they
+// live as long as the ModelWeights.
 // Thread-safety: immutable after load; safe to share between threads.
 #pragma once
 
@@ -141,6 +143,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   BindReport report;
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
+  // With P > 1: this rank's rows of every sharded tensor, read from the files into private
+  // memory (the sharded views point here; see the file comment).
+  std::vector<std::shared_ptr<const std::byte>> private_rows;
 };
 
 // A tensor the model needs, by canonical name (no `language_model.`/`model.` prefix; the

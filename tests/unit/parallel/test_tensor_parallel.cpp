@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 
 #include "../model/golden_util.h"
 #include "attnres/engine.h"
@@ -162,6 +163,66 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
         }
       }
       EXPECT_EQ(sharded_sum, total - repl) << name << " P " << P;
+    }
+  }
+}
+
+// With P > 1 a rank's rows of every sharded tensor live in private memory read from the file,
+// never in the shared mapping (whose fault-around would make other ranks' rows resident too):
+// each sharded view points at one of ModelWeights::private_rows and holds exactly the bytes of
+// its rows in the whole tensor; replicated views stay in the mapping.
+TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
+  for (const std::string name : {"tiny-a", "tp-odd"}) {
+    auto whole = load_model(model_dir(name));
+    ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+    EXPECT_TRUE(whole->private_rows.empty()) << "P = 1 views the mapping";
+    for (int P : {2, 3}) {
+      for (int r = 0; r < P; ++r) {
+        auto w = load_model(model_dir(name), Shard{r, P});
+        ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+        std::set<const std::byte*> owned;
+        for (const auto& b : w->private_rows) owned.insert(b.get());
+        int checked = 0;
+        // `part` is this rank's rows of `full` (split in `units` units of the first dimension).
+        auto expect_private = [&](const TensorView& part, const TensorView& full, int64_t units) {
+          SCOPED_TRACE(name + " P " + std::to_string(P) + " rank " + std::to_string(r) + " " +
+                       full.name);
+          const Range u = Shard{r, P}.range(units);
+          const TensorView rows = slice_rows(full, u.begin * (full.shape[0] / units),
+                                             u.size() * (full.shape[0] / units));
+          ASSERT_EQ(part.nbytes, rows.nbytes);
+          if (rows.nbytes == 0) return;
+          EXPECT_EQ(owned.count(part.data), 1u);
+          EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
+          ++checked;
+        };
+        const ModelConfig& c = w->config;
+        for (size_t l = 0; l < w->layers.size(); ++l) {
+          const LayerWeights& a = w->layers[l];
+          const LayerWeights& b = whole->layers[l];
+          if (a.kda) {
+            expect_private(a.kda->q_proj, b.kda->q_proj, c.linear.num_heads);
+            expect_private(a.kda->o_proj, b.kda->o_proj, c.hidden_size);
+          } else {
+            expect_private(a.mla->o_proj, b.mla->o_proj, c.hidden_size);
+          }
+          if (a.moe) {
+            const ExpertMatrix& x = a.moe->experts[0].w1;
+            const ExpertMatrix& y = b.moe->experts[0].w1;
+            if (x.mxfp4) {
+              expect_private(x.packed, y.packed, y.rows);
+              expect_private(x.scale, y.scale, y.rows);
+            } else {
+              expect_private(x.dense, y.dense, y.rows);
+            }
+          }
+          // Replicated: the same bytes, not copied.
+          EXPECT_EQ(owned.count(a.input_norm.data), 0u);
+          EXPECT_EQ(std::memcmp(a.input_norm.data, b.input_norm.data, b.input_norm.nbytes), 0);
+        }
+        EXPECT_GT(checked, 0);
+        EXPECT_EQ(owned.count(w->embed.data), 0u);
+      }
     }
   }
 }
