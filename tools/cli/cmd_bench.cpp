@@ -82,6 +82,11 @@ int64_t peak_rss_bytes() {
 struct SingleRun {
   double prefill_tps = 0, decode_tps = 0, attnres_share = 0;
   double dense_share = 0, dense_gb_s = 0, mxfp4_share = 0, mxfp4_gb_s = 0;
+  // Prefill (to the first token) by phase: share of its time and arithmetic rate; `rest` is
+  // everything outside the projection batches (attention, KDA, norms, AttnRes, routing), its
+  // rate the model's remaining work (prefill_flops_per_token less the projections') over it.
+  double prefill_dense_share = 0, prefill_dense_gflop_s = 0, prefill_mxfp4_share = 0,
+         prefill_mxfp4_gflop_s = 0, prefill_rest_gflop_s = 0;
   // Tensor parallelism, per decoded token: collectives, gathered bytes, share of decode time
   // spent in collectives (waiting included).
   double collectives_per_token = 0, gathers_per_token = 0, gather_bytes_per_token = 0,
@@ -89,7 +94,8 @@ struct SingleRun {
 };
 
 Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOptions& eo,
-                             const std::vector<int32_t>& prompt, int64_t gen) {
+                             const std::vector<int32_t>& prompt, int64_t gen,
+                             double prefill_flops) {
   EngineOptions o = eo;
   o.max_sequences = 1;
   ATTNRES_ASSIGN_OR_RETURN(auto engine, Engine::create(model, o));
@@ -109,6 +115,17 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
   SingleRun r;
   const double dc = res.decode_seconds;
   r.prefill_tps = static_cast<double>(prompt.size()) / res.ttft_seconds;
+  {  // a fresh engine: the stats at the first token are the prefill's
+    const double pt = res.ttft_seconds, pd = at_first.dense_seconds, pq = at_first.mxfp4_seconds;
+    const double rest_s = pt - pd - pq;
+    const double rest_flops = prefill_flops * static_cast<double>(prompt.size()) -
+                              at_first.dense_flops - at_first.mxfp4_flops;
+    r.prefill_dense_share = pd / pt;
+    r.prefill_mxfp4_share = pq / pt;
+    r.prefill_dense_gflop_s = pd > 0 ? at_first.dense_flops / pd * 1e-9 : 0;
+    r.prefill_mxfp4_gflop_s = pq > 0 ? at_first.mxfp4_flops / pq * 1e-9 : 0;
+    r.prefill_rest_gflop_s = rest_s > 0 && rest_flops > 0 ? rest_flops / rest_s * 1e-9 : 0;
+  }
   r.decode_tps = static_cast<double>(gen) / dc;
   r.attnres_share = (end.attnres_read_seconds - at_first.attnres_read_seconds) / dc;
   const double ds = end.dense_seconds - at_first.dense_seconds;
@@ -132,11 +149,13 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const int64_t gen = a.gen_tokens > 0 ? a.gen_tokens : 512;
   const ModelInfo& info = model->info();
   const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
+  const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
   std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
       mxfp4_gb_s, comm_share;
+  std::vector<SingleRun> runs;
   SingleRun last;
   for (int r = 0; r < a.reps; ++r) {
-    auto run = single_run(model, eo, prompt, gen);
+    auto run = single_run(model, eo, prompt, gen, prefill_flops);
     if (!run) return fail(run.status().to_string());
     prefill_tps.push_back(run->prefill_tps);
     decode_tps.push_back(run->decode_tps);
@@ -146,6 +165,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     mxfp4_share.push_back(run->mxfp4_share);
     mxfp4_gb_s.push_back(run->mxfp4_gb_s);
     comm_share.push_back(run->comm_share);
+    runs.push_back(*run);
     last = *run;
   }
   const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
@@ -156,8 +176,14 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const double decode_med = median(decode_tps);
   const double achieved_gb_s = static_cast<double>(bpt) * decode_med / 1e9;
   const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
-  const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
   const double prefill_gflop_s = median(prefill_tps) * prefill_flops * 1e-9;
+  // The prefill phase split of the repetition with the median prefill speed.
+  const SingleRun& pmed = *std::min_element(runs.begin(), runs.end(), [&](const auto& x,
+                                                                          const auto& y) {
+    const double m = median(prefill_tps);
+    return std::abs(x.prefill_tps - m) < std::abs(y.prefill_tps - m);
+  });
+  const double prefill_rest_share = 1.0 - pmed.prefill_dense_share - pmed.prefill_mxfp4_share;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
   const nlohmann::json j = {
       {"model", a.model.model},
@@ -177,6 +203,16 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"prefill_tok_s", median(prefill_tps)},
       {"prefill_tok_s_min", *pmin},
       {"prefill_tok_s_max", *pmax},
+      {"prefill_flops_per_token", prefill_flops},
+      {"peak_gflops", peak.gflop_s},
+      {"peak_instruction", peak.instruction},
+      {"prefill_compute_fraction", prefill_gflop_s / peak.gflop_s},
+      {"prefill_dense_share", pmed.prefill_dense_share},
+      {"prefill_dense_gflop_s", pmed.prefill_dense_gflop_s},
+      {"prefill_mxfp4_share", pmed.prefill_mxfp4_share},
+      {"prefill_mxfp4_gflop_s", pmed.prefill_mxfp4_gflop_s},
+      {"prefill_rest_share", prefill_rest_share},
+      {"prefill_rest_gflop_s", pmed.prefill_rest_gflop_s},
       {"decode_tok_s", decode_med},
       {"decode_tok_s_min", *dmin},
       {"decode_tok_s_max", *dmax},
@@ -207,7 +243,15 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   std::printf(
       "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
       prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
-      peak.instruction.c_str(), peak.gflop_s);
+ peak.instruction.c_str(), peak.gflop_s);
+  std::printf(
+      "prefill split  dense %.1f%% of prefill time (%.1f GFLOP/s, %.1f%% of peak), MXFP4 experts "
+      "%.1f%% (%.1f GFLOP/s, %.1f%%), rest %.1f%% (%.1f GFLOP/s, %.1f%%)\n",
+      100.0 * pmed.prefill_dense_share, pmed.prefill_dense_gflop_s,
+      100.0 * pmed.prefill_dense_gflop_s / peak.gflop_s, 100.0 * pmed.prefill_mxfp4_share,
+      pmed.prefill_mxfp4_gflop_s, 100.0 * pmed.prefill_mxfp4_gflop_s / peak.gflop_s,
+      100.0 * prefill_rest_share, pmed.prefill_rest_gflop_s,
+      100.0 * pmed.prefill_rest_gflop_s / peak.gflop_s);
   std::printf("decode         %.2f tok/s [%.2f, %.2f]\n", decode_med, *dmin, *dmax);
   std::printf("bytes/token    %.1f MB (weights %.1f MB, state and cache %.1f MB)\n",
               static_cast<double>(bpt) / 1e6, static_cast<double>(weight_bpt) / 1e6,
@@ -228,7 +272,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
         last.gather_bytes_per_token / 1e6, 100.0 * median(comm_share),
         static_cast<double>(info.rank_weight_bytes) / 1e6,
         static_cast<double>(info.rank_replicated_bytes) / 1e6);
-  std::printf("peak RSS       %.2f GB (rank 0; weights are memory-mapped)\n",
+  std::printf("peak RSS       %.2f GB (rank 0)\n",
               static_cast<double>(peak_rss_bytes()) / 1e9);
   return 0;
 }
@@ -405,7 +449,8 @@ int run_bench(const BenchArgs& a) {
   const ComputePeak peak = measure_compute_peak(eo->activation == ActivationType::kBF16);
   {
     // Untimed warm-up: the first pass over the memory-mapped weights faults their pages in.
-    auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4);
+    auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4,
+                           0.0);
     if (!warm) return fail(warm.status().to_string());
   }
   if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream, peak);

@@ -146,6 +146,22 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
   EXPECT_GT(j["mxfp4_proj_share"].get<double>(), 0.0);
   EXPECT_GT(j["dense_proj_gb_s"].get<double>(), 0.0);
   EXPECT_GT(j["mxfp4_proj_gb_s"].get<double>(), 0.0);
+  // Prefill against the compute peak (issue 17): the fraction is the achieved rate over the
+  // peak, and the prefill's phase shares are a partition of its time.
+  for (const char* key : {"prefill_flops_per_token", "peak_gflops", "prefill_compute_fraction",
+                          "prefill_dense_gflop_s", "prefill_mxfp4_gflop_s"})
+    EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+  EXPECT_NEAR(j["prefill_compute_fraction"].get<double>(),
+              j["prefill_tok_s"].get<double>() * j["prefill_flops_per_token"].get<double>() *
+                  1e-9 / j["peak_gflops"].get<double>(),
+              1e-9);
+  EXPECT_NEAR(j["prefill_dense_share"].get<double>() + j["prefill_mxfp4_share"].get<double>() +
+                  j["prefill_rest_share"].get<double>(),
+              1.0, 1e-9);
+  for (const char* key : {"prefill_dense_share", "prefill_mxfp4_share", "prefill_rest_share"}) {
+    EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+    EXPECT_LT(j.at(key).get<double>(), 1.0) << key;
+  }
 }
 
 TEST_F(TextCli, BenchBadArgumentsAreErrors) {
