@@ -7,8 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
+
+#include "util/memory.h"
 
 namespace attnres {
 
@@ -35,7 +36,7 @@ class Arena {
 
  private:
   struct Block {
-    std::unique_ptr<std::byte[]> data;
+    ScratchBuffer data;  // uninitialised (util/memory.h)
     size_t size = 0;
   };
   void* take_bytes(size_t bytes);

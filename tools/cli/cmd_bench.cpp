@@ -448,9 +448,11 @@ int run_bench(const BenchArgs& a) {
   if (!stream) return fail(stream.status().to_string());
   const ComputePeak peak = measure_compute_peak(eo->activation == ActivationType::kBF16);
   {
-    // Untimed warm-up: the first pass over the memory-mapped weights faults their pages in.
-    auto warm = single_run(*model, *eo, bench_prompt(16, (*model)->info().vocab_size, 99), 4,
-                           0.0);
+    // Untimed warm-up at the workload's prompt length: the first pass over the memory-mapped
+    // weights faults in their pages, of every expert the prompt routes to (a short prompt
+    // leaves most experts to fault in during the first timed prefill).
+    auto warm = single_run(*model, *eo,
+                           bench_prompt(a.prompt_tokens, (*model)->info().vocab_size, 99), 4, 0.0);
     if (!warm) return fail(warm.status().to_string());
   }
   if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream, peak);
