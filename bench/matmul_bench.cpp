@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_limits.h"
+#include "kernels/compute_probe.h"
 #include "kernels/matmul.h"
 #include "util/cpu.h"
 
@@ -451,6 +452,54 @@ BENCHMARK(BM_GemmMxfp4)
     ->Args({128, 512, 1024})
     ->Args({128, 1024, 512})
     ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// args: E (experts in the batch), T (tokens routed to each), N, K. The MoE prefill batch on bf16
+// tokens: E MXFP4 experts [N, K] (cold: a pool of distinct experts, so their weights come from
+// memory as in a prefill over every layer), T tokens each, in one matmul_batch. Reported against
+// the vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). T = 4
+// takes the register-decode tiles, T >= 8 the decoded-rows path (matmul_hwy.cpp,
+// kMxfp4SplitMinTokens).
+void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
+  context_once();
+  const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
+  const int64_t pb = N * K / 2, ps = N * K / 32;
+  const int64_t pool = std::max<int64_t>(E, copies_for(E * (pb + ps)) * E);
+  const std::vector<uint8_t> packed = random_bytes(pb * pool, 13, 0, 255);   // [pool, N, K/2]
+  const std::vector<uint8_t> scale = random_bytes(ps * pool, 14, 118, 124);  // [pool, N, K/32]
+  std::vector<float> x = random_f32(E * T * K, 15);                          // [E, T, K]
+  for (float& v : x) v = round_bf16(v);
+  std::vector<bf16> xh(x.size());
+  if (!bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), xh.data()))
+    state.SkipWithError("x not bf16-exact");
+  std::vector<float> y(static_cast<size_t>(E * T * N));  // [E, T, N]
+  std::vector<MatmulJob> jobs(static_cast<size_t>(E));
+  int64_t round = 0;
+  BestOf best;
+  for (auto _ : state) {
+    const int64_t e0 = (round++ * E) % (pool - E + 1);  // another E experts each call
+    for (int64_t e = 0; e < E; ++e) {
+      MatmulJob& j = jobs[static_cast<size_t>(e)];
+      j = mxfp4_job(x.data() + e * T * K, T, packed.data() + (e0 + e) * pb,
+                    scale.data() + (e0 + e) * ps, N, K, y.data() + e * T * N);
+      j.xh = xh.data() + e * T * K;
+    }
+    best.time([&] { matmul_batch(jobs.data(), E); });
+    benchmark::DoNotOptimize(y.data());
+  }
+  static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;
+  const double gflop = 2.0 * static_cast<double>(E * T * N * K) * 1e-9;
+  state.counters["best_GFLOP_s"] = gflop / best.seconds();
+  state.counters["dot_peak_GFLOP_s"] = peak;
+  state.counters["best_of_peak"] = gflop / best.seconds() / peak;
+}
+BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
+    ->ArgNames({"E", "T", "N", "K"})
+    ->Args({64, 4, 512, 1024})
+    ->Args({64, 8, 512, 1024})
+    ->Args({64, 16, 512, 1024})
+    ->Args({64, 64, 512, 1024})
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -285,10 +285,10 @@ Status SafetensorsFile::read_bytes(const SafetensorsEntry& e, uint64_t offset, s
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
       return Status(ErrorCode::kIoError,
-                    path_ + ": cannot read tensor " + quoted(e.name) + " (" +
-                        std::to_string(done) + " of " + std::to_string(n) + " bytes at offset " +
-                        std::to_string(pos - done) + "): " +
-                        (got == 0 ? std::string("the file ended early") : errno_text()));
+                    path_ + ": cannot read tensor " + quoted(e.name) + " (" + std::to_string(done) +
+                        " of " + std::to_string(n) + " bytes at offset " +
+                        std::to_string(pos - done) +
+                        "): " + (got == 0 ? std::string("the file ended early") : errno_text()));
     done += static_cast<size_t>(got);
     pos += static_cast<uint64_t>(got);
   }

@@ -178,11 +178,11 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
   const double prefill_gflop_s = median(prefill_tps) * prefill_flops * 1e-9;
   // The prefill phase split of the repetition with the median prefill speed.
-  const SingleRun& pmed = *std::min_element(runs.begin(), runs.end(), [&](const auto& x,
-                                                                          const auto& y) {
-    const double m = median(prefill_tps);
-    return std::abs(x.prefill_tps - m) < std::abs(y.prefill_tps - m);
-  });
+  const SingleRun& pmed =
+      *std::min_element(runs.begin(), runs.end(), [&](const auto& x, const auto& y) {
+        const double m = median(prefill_tps);
+        return std::abs(x.prefill_tps - m) < std::abs(y.prefill_tps - m);
+      });
   const double prefill_rest_share = 1.0 - pmed.prefill_dense_share - pmed.prefill_mxfp4_share;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
   const nlohmann::json j = {
@@ -243,7 +243,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   std::printf(
       "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
       prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
- peak.instruction.c_str(), peak.gflop_s);
+      peak.instruction.c_str(), peak.gflop_s);
   std::printf(
       "prefill split  dense %.1f%% of prefill time (%.1f GFLOP/s, %.1f%% of peak), MXFP4 experts "
       "%.1f%% (%.1f GFLOP/s, %.1f%%), rest %.1f%% (%.1f GFLOP/s, %.1f%%)\n",
@@ -272,8 +272,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
         last.gather_bytes_per_token / 1e6, 100.0 * median(comm_share),
         static_cast<double>(info.rank_weight_bytes) / 1e6,
         static_cast<double>(info.rank_replicated_bytes) / 1e6);
-  std::printf("peak RSS       %.2f GB (rank 0)\n",
-              static_cast<double>(peak_rss_bytes()) / 1e9);
+  std::printf("peak RSS       %.2f GB (rank 0)\n", static_cast<double>(peak_rss_bytes()) / 1e9);
   return 0;
 }
 

@@ -152,8 +152,8 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
                           "prefill_dense_gflop_s", "prefill_mxfp4_gflop_s"})
     EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
   EXPECT_NEAR(j["prefill_compute_fraction"].get<double>(),
-              j["prefill_tok_s"].get<double>() * j["prefill_flops_per_token"].get<double>() *
-                  1e-9 / j["peak_gflops"].get<double>(),
+              j["prefill_tok_s"].get<double>() * j["prefill_flops_per_token"].get<double>() * 1e-9 /
+                  j["peak_gflops"].get<double>(),
               1e-9);
   EXPECT_NEAR(j["prefill_dense_share"].get<double>() + j["prefill_mxfp4_share"].get<double>() +
                   j["prefill_rest_share"].get<double>(),
