@@ -9,10 +9,11 @@
 #include "io/weights.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <new>
 #include <set>
 
 #include "io/safetensors.h"
+#include "util/memory.h"
 
 namespace attnres {
 namespace {
@@ -104,11 +105,10 @@ class Binder {
   // view, with the problem recorded, when the read fails.
   TensorView private_copy(const std::string& canon, const TensorView& whole,
                           const TensorView& rows) {
-    constexpr size_t kAlign = 64;  // a cache line: what the SIMD kernels' loads prefer
-    const size_t padded = (rows.nbytes + kAlign - 1) / kAlign * kAlign;
-    std::shared_ptr<std::byte> buf(static_cast<std::byte*>(std::aligned_alloc(kAlign, padded)),
-                                   [](std::byte* p) { std::free(p); });
-    if (buf == nullptr) {
+    AlignedBuffer buf;
+    try {
+      buf = allocate_aligned(rows.nbytes);
+    } catch (const std::bad_alloc&) {
       problem(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(rows.nbytes) +
                                                  " bytes for this rank's rows of tensor '" +
                                                  whole.name + "'");
@@ -123,7 +123,7 @@ class Binder {
     }
     TensorView s = rows;
     s.data = buf.get();
-    owned_->push_back(std::move(buf));
+    owned_->emplace_back(buf.release(), FreeDeleter{});
     return s;
   }
 

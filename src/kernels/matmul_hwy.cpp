@@ -736,8 +736,8 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 constexpr int64_t kMxfp4SplitMinTokens = 8;
 
 // Rows [row_begin, row_end) of y = x W^T for T > 1 bf16 tokens and MXFP4 weights (see above).
-// Tokens in blocks whose split copy fits in half of L2; per block, each group of kNR rows is
-// decoded once and applied to every register tile of the block's tokens.
+// Tokens in blocks of at most 256 KiB of split values (L2-resident); per block, each group of kNR
+// rows is decoded once and applied to every register tile of the block's tokens.
 ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t K, const uint8_t* packed,
                                    const uint8_t* scale, int64_t row_begin, int64_t row_end,
                                    float* y, int64_t ldy) {

@@ -14,7 +14,7 @@ void Arena::add_block(size_t min_bytes) {
   const size_t prev = blocks_.empty() ? 0 : blocks_.back().size;
   const size_t size = std::max({min_bytes + kAlign, prev * 2, size_t{1} << 20});
   Block b;
-  b.data = allocate_scratch(size);
+  b.data = allocate_aligned(size);
   b.size = size;
   blocks_.push_back(std::move(b));
   ++heap_allocations_;
@@ -50,7 +50,7 @@ void Arena::reset() {
     for (const Block& b : blocks_) total += b.size;
     blocks_.clear();
     Block b;
-    b.data = allocate_scratch(total);
+    b.data = allocate_aligned(total);
     b.size = total;
     blocks_.push_back(std::move(b));
     ++heap_allocations_;

@@ -36,7 +36,7 @@ class Arena {
 
  private:
   struct Block {
-    ScratchBuffer data;  // uninitialised (util/memory.h)
+    AlignedBuffer data;  // uninitialised (util/memory.h)
     size_t size = 0;
   };
   void* take_bytes(size_t bytes);

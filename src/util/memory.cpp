@@ -4,12 +4,12 @@
 
 namespace attnres {
 
-ScratchBuffer allocate_scratch(size_t bytes) {
+AlignedBuffer allocate_aligned(size_t bytes) {
   constexpr size_t kAlign = 64;
   const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, size);
   if (p == nullptr) throw std::bad_alloc();
-  return ScratchBuffer(static_cast<std::byte*>(p));
+  return AlignedBuffer(static_cast<std::byte*>(p));
 }
 
 }  // namespace attnres

@@ -152,8 +152,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
   std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
       mxfp4_gb_s, comm_share;
-  std::vector<SingleRun> runs;
-  SingleRun last;
+  std::vector<SingleRun> runs;  // reps >= 1
   for (int r = 0; r < a.reps; ++r) {
     auto run = single_run(model, eo, prompt, gen, prefill_flops);
     if (!run) return fail(run.status().to_string());
@@ -166,7 +165,6 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
     mxfp4_gb_s.push_back(run->mxfp4_gb_s);
     comm_share.push_back(run->comm_share);
     runs.push_back(*run);
-    last = *run;
   }
   const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
   const int64_t weight_bpt = decode_weight_bytes_per_token(*model);
@@ -176,12 +174,13 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const double decode_med = median(decode_tps);
   const double achieved_gb_s = static_cast<double>(bpt) * decode_med / 1e9;
   const auto [pmin, pmax] = std::minmax_element(prefill_tps.begin(), prefill_tps.end());
-  const double prefill_gflop_s = median(prefill_tps) * prefill_flops * 1e-9;
+  const SingleRun& last = runs.back();
+  const double prefill_med = median(prefill_tps);
+  const double prefill_gflop_s = prefill_med * prefill_flops * 1e-9;
   // The prefill phase split of the repetition with the median prefill speed.
   const SingleRun& pmed =
       *std::min_element(runs.begin(), runs.end(), [&](const auto& x, const auto& y) {
-        const double m = median(prefill_tps);
-        return std::abs(x.prefill_tps - m) < std::abs(y.prefill_tps - m);
+        return std::abs(x.prefill_tps - prefill_med) < std::abs(y.prefill_tps - prefill_med);
       });
   const double prefill_rest_share = 1.0 - pmed.prefill_dense_share - pmed.prefill_mxfp4_share;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
@@ -200,7 +199,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"gen_tokens", gen},
       {"reps", a.reps},
       {"load_seconds", load_s},
-      {"prefill_tok_s", median(prefill_tps)},
+      {"prefill_tok_s", prefill_med},
       {"prefill_tok_s_min", *pmin},
       {"prefill_tok_s_max", *pmax},
       {"prefill_flops_per_token", prefill_flops},
@@ -239,7 +238,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
               a.model.dtype.c_str(), thread_count(), info.ranks, info.ranks > 1 ? "s" : "");
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
-  std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", median(prefill_tps), *pmin, *pmax);
+  std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", prefill_med, *pmin, *pmax);
   std::printf(
       "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s\n",
       prefill_flops * 1e-9, prefill_gflop_s, 100.0 * prefill_gflop_s / peak.gflop_s,
