@@ -57,6 +57,10 @@ struct ModelLoadOptions {
   std::string dir;        // config.json + model.safetensors (or shards + index)
   std::string tokenizer;  // tiktoken.model path; default DIR/tiktoken.model
   bool require_tokenizer = true;
+  // View the weights in the read-only file mapping instead of reading them into memory: a
+  // faster start and a page cache shared between processes, but a slower decode (README,
+  // "Weights in memory"). Sharded rows on several ranks are read either way.
+  bool mmap = false;
   // Called with a line to show while loading (model mapped, tokenizer loaded); may be null.
   std::function<void(const std::string&)> progress;
   // The ranks that share the model; null: this process's group (attnres/parallel.h), one
@@ -72,6 +76,7 @@ struct ModelInfo {
   int num_layers = 0;
   int64_t hidden_size = 0;
   int64_t bytes_mapped = 0;
+  int64_t bytes_in_memory = 0;  // weights read into private memory (see ModelLoadOptions::mmap)
   int64_t tensors_bound = 0;
   int64_t weight_bytes = 0;           // bytes of every bound tensor
   int ranks = 1;                      // processes sharing the model (tensor parallelism)

@@ -37,7 +37,8 @@ Result<TokenizerFacts> check_tokenizer(const std::string& path, const ModelConfi
 
 Result<ModelCheck> check_model_dir(const std::string& model_dir) {
   ModelCheck c;
-  ATTNRES_ASSIGN_OR_RETURN(c.weights, load_model(model_dir));
+  // The checks read little of the weights: view them in the mapping.
+  ATTNRES_ASSIGN_OR_RETURN(c.weights, load_model(model_dir, {}, WeightResidence::kMapped));
   const ModelConfig& cfg = c.weights.config;
   // What PlannedForward::create builds and the executor verifies.
   const Program program = build_program(cfg.schedule);

@@ -46,10 +46,10 @@ using Shape = std::vector<int64_t>;
 // Binds tensors by canonical name, collecting every problem so one load reports them all.
 class Binder {
  public:
-  // `owned` receives the private copies of this rank's rows (bind_split at P > 1).
-  Binder(const SafetensorsCheckpoint& ck, BindReport& report,
-         std::vector<std::shared_ptr<const std::byte>>& owned)
-      : ck_(&ck), report_(&report), owned_(&owned) {}
+  // `owned` receives the private copies (see WeightResidence).
+  Binder(const SafetensorsCheckpoint& ck, BindReport& report, WeightMemory& owned,
+         WeightResidence residence)
+      : ck_(&ck), report_(&report), owned_(&owned), residence_(residence) {}
   // Enumeration mode: nothing is looked up; every tensor the model needs is recorded in `specs`
   // with its canonical shape (model_tensor_specs()).
   explicit Binder(std::vector<TensorSpec>& specs) : specs_(&specs) {}
@@ -70,13 +70,19 @@ class Binder {
     return Status::ok();
   }
 
+  // How the forward reads a tensor: streamed whole every step (projections, norms), or only
+  // looked up (an untied embedding's rows of the step's tokens; factors folded at load).
+  enum class Use { kStreamed, kLookedUp };
+
   // The tensor with canonical name `canon`, checked for dtype kind and exact shape, replicated
   // on every rank. On a problem it is recorded and an empty view returned (binding continues,
   // so all problems are listed).
   TensorView bind(const std::string& canon, Kind kind, const Shape& shape,
-                  const std::string& formula) {
+                  const std::string& formula, Use use = Use::kStreamed) {
     TensorView v = bind_whole(canon, kind, shape, formula);
     replicated(v);
+    if (use == Use::kStreamed && residence_ == WeightResidence::kPrivate && v.nbytes > 0)
+      return private_copy(canon, v, v);
     return v;
   }
 
@@ -97,7 +103,8 @@ class Binder {
     const Range r = shard_.range(units);
     TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
     report_->rank_bytes += static_cast<int64_t>(s.nbytes);
-    if (shard_.sharded() && s.nbytes > 0) return private_copy(canon, v, s);
+    if ((shard_.sharded() || residence_ == WeightResidence::kPrivate) && s.nbytes > 0)
+      return private_copy(canon, v, s);
     return s;
   }
 
@@ -105,9 +112,10 @@ class Binder {
   // view, with the problem recorded, when the read fails.
   TensorView private_copy(const std::string& canon, const TensorView& whole,
                           const TensorView& rows) {
-    AlignedBuffer buf;
+    if (!ok()) return rows;  // the load fails: read nothing more
+    std::byte* buf = nullptr;
     try {
-      buf = allocate_aligned(rows.nbytes);
+      buf = owned_->allocate(rows.nbytes);
     } catch (const std::bad_alloc&) {
       problem(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(rows.nbytes) +
                                                  " bytes for this rank's rows of tensor '" +
@@ -116,14 +124,14 @@ class Binder {
     }
     const SafetensorsCheckpoint::Location* loc = ck_->find(canon_.at(canon));
     const auto offset = static_cast<uint64_t>(rows.data - whole.data);
-    Status st = ck_->files()[loc->file]->read_bytes(*loc->entry, offset, rows.nbytes, buf.get());
+    Status st = ck_->files()[loc->file]->read_bytes(*loc->entry, offset, rows.nbytes, buf);
     if (!st.is_ok()) {
       problem(st.code(), st.message());
       return TensorView{};
     }
     TensorView s = rows;
-    s.data = buf.get();
-    owned_->emplace_back(buf.release(), FreeDeleter{});
+    s.data = buf;
+    report_->bytes_private += static_cast<int64_t>(rows.nbytes);
     return s;
   }
 
@@ -232,13 +240,14 @@ class Binder {
  private:
   const SafetensorsCheckpoint* ck_ = nullptr;
   BindReport* report_ = nullptr;
-  std::vector<std::shared_ptr<const std::byte>>* owned_ = nullptr;
+  WeightMemory* owned_ = nullptr;
   std::vector<TensorSpec>* specs_ = nullptr;
   std::map<std::string, std::string> canon_;  // canonical -> name in the file
   std::string model_prefix_ = "language_model.model.";
   std::set<std::string> bound_;
   std::set<std::string> rank_counted_;
   Shard shard_;
+  WeightResidence residence_ = WeightResidence::kMapped;
   std::vector<std::string> problems_;
   ErrorCode first_code_ = ErrorCode::kOk;
 };
@@ -270,7 +279,8 @@ std::string dims(std::initializer_list<std::pair<const char*, int64_t>> terms) {
 // factors are returned in `norm` and `proj`.
 std::vector<float> fold_query(Binder& b, const std::string& prefix, int64_t d, TensorView& norm,
                               TensorView& proj) {
-  norm = b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
+  norm = b.bind(prefix + "_norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}),
+                Binder::Use::kLookedUp);
   proj = b.lookup(prefix + "_proj.weight", Kind::kFloat, Shape{1, d});
   b.replicated(proj);
   if (proj.name.empty() || norm.name.empty()) return {};
@@ -504,9 +514,10 @@ namespace {
 void bind_model(Binder& b, const ModelConfig& c, ModelWeights& mw) {
   const int64_t d = c.hidden_size, V = c.vocab_size;
   const std::string vd = dims({{"vocab_size", V}, {"hidden_size", d}});
-  // The embedding is replicated (a rank reads the rows of its tokens); lm_head is split by
-  // vocabulary rows (the logits are gathered).
-  mw.embed = b.bind("embed_tokens.weight", Kind::kFloat, {V, d}, vd);
+  // The embedding is replicated (a rank reads the rows of its tokens; streamed whole only as
+  // a tied head); lm_head is split by vocabulary rows (the logits are gathered).
+  mw.embed = b.bind("embed_tokens.weight", Kind::kFloat, {V, d}, vd,
+                    c.tie_word_embeddings ? Binder::Use::kStreamed : Binder::Use::kLookedUp);
   mw.final_norm = b.bind("norm.weight", Kind::kFloat, {d}, dims({{"hidden_size", d}}));
   // Tied: the head is the embedding (this rank's rows of it); a stored lm_head is then left
   // unbound (counted as extra).
@@ -548,12 +559,14 @@ int64_t shard_tensor_bytes(const TensorSpec& spec, DType dtype, const Shard& sha
   return rows * inner * static_cast<int64_t>(dtype_size(dtype));
 }
 
-Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard) {
+Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard,
+                                WeightResidence residence) {
   ModelWeights mw;
   mw.shard = shard;
   ATTNRES_ASSIGN_OR_RETURN(mw.config, load_model_config(model_dir + "/config.json"));
   ATTNRES_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open_dir(model_dir));
-  Binder b(ck, mw.report, mw.private_rows);
+  mw.private_memory = std::make_shared<WeightMemory>();
+  Binder b(ck, mw.report, *mw.private_memory, residence);
   b.set_shard(shard);
   ATTNRES_RETURN_IF_ERROR(b.index_names());
   bind_model(b, mw.config, mw);

@@ -1,19 +1,27 @@
 // Model weights bound by their published names (k3-model.md §6), with or without the
 // `language_model.` prefixes, checked against the config (dtype and shape).
 //
+// Residence (WeightResidence): by default every tensor the forward streams (projections,
+// experts, the head, norms) is read from its file with pread into private memory advised as
+// transparent huge pages (ModelWeights::private_memory); only what it looks up (an untied
+// embedding, a step reads its tokens' rows) and factors folded at load stay views of the
+// read-only file mapping. Measured on k3-mini, decode streams those copies about 1.6x faster
+// than the same bytes through the mapping of page-cache pages (README, "Weights in memory").
+// kMapped (--mmap) leaves every tensor a view of the mapping: zero copy, a faster start and a
+// page cache shared between processes, except the sharded rows below.
+//
 // Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
 // tensor is bound as this rank's contiguous rows only (its balanced share of the output rows, in
-// whole heads where heads are split; TensorSpec::split says how). With P > 1 those rows are read
-// from the file into private memory (ModelWeights::private_rows), never touched through the
-// mapping, so a rank's resident weights are its rows of the sharded tensors plus the replicated
-// ones (embedding, norms, AttnRes queries, the router's selection bias, KDA's f_a_proj and
-// o_norm), viewed in the shared mapping. With P = 1 every view is the whole mapped tensor.
+// whole heads where heads are split; TensorSpec::split says how). With P > 1 those rows are
+// always read into private memory, never touched through the mapping, so a rank's resident
+// weights are its rows of the sharded tensors plus the replicated ones (embedding, norms,
+// AttnRes queries, the router's selection bias, KDA's f_a_proj and o_norm).
 //
 // Contract: load_model() validates the config and every safetensors header before touching any
 // tensor data, binds every tensor the model needs (a missing tensor is an error naming it), and
-// counts unused extra tensors (reported, not fatal). The views point into read-only memory
-// maps owned by ModelWeights::files, or (sharded, P > 1) into ModelWeights::private_rows; they
-// live as long as the ModelWeights.
+// counts unused extra tensors (reported, not fatal); once a problem is found nothing more is
+// read. The views point into read-only memory maps owned by ModelWeights::files or into
+// ModelWeights::private_memory; they live as long as the ModelWeights.
 // Thread-safety: immutable after load; safe to share between threads.
 #pragma once
 
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "util/memory.h"
 #include "util/partition.h"
 #include "util/status.h"
 #include "util/tensor.h"
@@ -126,6 +135,7 @@ struct BindReport {
   std::map<std::string, int64_t> params_by_dtype;  // dtype name -> elements bound
   std::map<std::string, int64_t> bytes_by_dtype;   // dtype name -> bytes bound
   int64_t bytes_mapped = 0;
+  int64_t bytes_private = 0;  // read into ModelWeights::private_memory
   // This rank's weights: the bytes of the views it binds (its rows of every sharded tensor plus
   // every replicated tensor), and of the replicated ones alone. Equal to the bound total at P = 1.
   int64_t rank_bytes = 0;
@@ -143,9 +153,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   BindReport report;
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
-  // With P > 1: this rank's rows of every sharded tensor, read from the files into private
-  // memory (the sharded views point here; see the file comment).
-  std::vector<std::shared_ptr<const std::byte>> private_rows;
+  // The tensors (sharded: this rank's rows) read from the files into private memory (see the
+  // file comment); shared by copies of this ModelWeights.
+  std::shared_ptr<WeightMemory> private_memory;
 };
 
 // A tensor the model needs, by canonical name (no `language_model.`/`model.` prefix; the
@@ -177,10 +187,17 @@ TensorView slice_rows(const TensorView& v, int64_t row0, int64_t rows);
 // the list, so a checkpoint written from it binds with nothing missing.
 std::vector<TensorSpec> model_tensor_specs(const ModelConfig& config);
 
+// Where the streamed weights live (see the file comment).
+enum class WeightResidence {
+  kPrivate,  // read into private memory (the default)
+  kMapped,   // views of the file mapping (sharded rows at P > 1 are still read)
+};
+
 // Loads `model_dir/config.json` and binds the tensors of `model.safetensors` or of the shards
-// listed in `model.safetensors.index.json`, as rank `shard.rank` of `shard.ranks` (views of
-// its rows of every sharded tensor; see the file comment).
-Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard = {});
+// listed in `model.safetensors.index.json`, as rank `shard.rank` of `shard.ranks` (its rows of
+// every sharded tensor; see the file comment).
+Result<ModelWeights> load_model(const std::string& model_dir, const Shard& shard = {},
+                                WeightResidence residence = WeightResidence::kPrivate);
 
 // Every file a load of `model_dir` read: config.json, the shard index (when there is one) and
 // the weight files of `weights`. The inputs an output must never replace (io/output.h).

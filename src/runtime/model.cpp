@@ -81,7 +81,8 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
   const Shard shard{group->rank(), group->size()};
   Status st = prior;
   if (st.is_ok()) {
-    auto w = load_model(o.dir, shard);
+    auto w =
+        load_model(o.dir, shard, o.mmap ? WeightResidence::kMapped : WeightResidence::kPrivate);
     if (w.is_ok())
       m->impl_->weights = std::move(w).value();
     else
@@ -110,10 +111,11 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
   }
   if (o.progress) {
     char line[256];
-    std::snprintf(line, sizeof line, "loaded %s: %.2f GB mapped, %lld tensors (%.2f GB) in %.2f s",
-                  o.dir.c_str(), static_cast<double>(w.report.bytes_mapped) / 1e9,
-                  static_cast<long long>(w.report.tensors_bound), static_cast<double>(bound) / 1e9,
-                  std::chrono::duration<double>(Clock::now() - t0).count());
+    std::snprintf(
+        line, sizeof line, "loaded %s: %lld tensors (%.2f GB), %.2f GB read into memory, in %.2f s",
+        o.dir.c_str(), static_cast<long long>(w.report.tensors_bound),
+        static_cast<double>(bound) / 1e9, static_cast<double>(w.report.bytes_private) / 1e9,
+        std::chrono::duration<double>(Clock::now() - t0).count());
     o.progress(line);
   }
   ModelInfo& info = m->impl_->info;
@@ -123,6 +125,7 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
   info.num_layers = w.config.num_hidden_layers;
   info.hidden_size = w.config.hidden_size;
   info.bytes_mapped = w.report.bytes_mapped;
+  info.bytes_in_memory = w.report.bytes_private;
   info.tensors_bound = w.report.tensors_bound;
   info.weight_bytes = bound;
   info.ranks = shard.ranks;

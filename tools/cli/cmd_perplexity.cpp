@@ -40,6 +40,7 @@ struct PerplexityArgs {
   int64_t chunk_size = 4096;
   int64_t window = -1;  // -1: the config's max_position_embeddings (or whole text)
   int threads = 0;
+  bool mmap = false;
   bool json = false;
   bool quiet = false;
 };
@@ -121,6 +122,7 @@ int run(const PerplexityArgs& a) {
   ma.dtype = a.dtype;
   ma.kv_dtype = a.kv_dtype;
   ma.threads = a.threads;
+  ma.mmap = a.mmap;
   auto eo = engine_options(ma);
   if (!eo) return fail(eo.status().to_string());
   eo->max_sequences = 1;
@@ -226,6 +228,7 @@ const CommandRegistration kReg(
                       "config's max_position_embeddings; 0: the whole text)");
       sub->add_option("--threads", a->threads,
                       "Threads (default: the physical cores this process may run on)");
+      add_mmap_flag(sub, a->mmap);
       sub->add_flag("--json", a->json, "print one JSON object");
       sub->add_flag("--quiet", a->quiet, "no progress line on stderr");
       return [a] { return run(*a); };

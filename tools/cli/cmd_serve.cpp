@@ -67,6 +67,7 @@ int run_serve(const ServeArgs& a) {
   o.model.dir = a.model.model;
   o.model.tokenizer = a.model.tokenizer;
   o.model.require_tokenizer = true;
+  o.model.mmap = a.model.mmap;
   o.engine = *eo;
   o.engine.max_sequences = a.parallel;
   o.engine.prefix_cache_bytes = a.prefix_cache_mb << 20;

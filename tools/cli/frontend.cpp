@@ -43,6 +43,13 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                   "sequences, or auto (default: a full context per sequence)");
   sub->add_option("--ctx-size", a.ctx_size,
                   "Context length in tokens (default: the model's max_position_embeddings)");
+  add_mmap_flag(sub, a.mmap);
+}
+
+void add_mmap_flag(CLI::App* sub, bool& mmap) {
+  sub->add_flag("--mmap", mmap,
+                "View the weights in the file mapping instead of reading them into memory "
+                "(faster start, page cache shared between processes; slower decode)");
 }
 
 Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
@@ -78,6 +85,7 @@ Result<std::shared_ptr<const Model>> load_cli_model(const ModelArgs& a, bool nee
   o.dir = a.model;
   o.tokenizer = a.tokenizer;
   o.require_tokenizer = need_tokenizer;
+  o.mmap = a.mmap;
   const bool show = progress && stderr_is_terminal();
   if (show) {
     std::fprintf(stderr, "loading %s ...", a.model.c_str());

@@ -25,10 +25,14 @@ struct ModelArgs {
   int threads = 0;                 // 0: the physical cores this process may run on
   std::string kv_budget = "auto";  // bytes (K/M/G suffixes) or auto: a full context each
   int64_t ctx_size = 0;            // 0: the model's max_position_embeddings
+  bool mmap = false;               // view the weights in the file mapping (ModelLoadOptions)
 };
-// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size. Records `a` as
+// --model, --tokenizer, --dtype, --kv-dtype, --threads, --kv-budget, --ctx-size, --mmap.
+// Records `a` as
 // `sub`'s model flags, which follower ranks use (model_args_of).
 void add_model_options(CLI::App* sub, ModelArgs& a);
+// --mmap alone (commands with their own model flags).
+void add_mmap_flag(CLI::App* sub, bool& mmap);
 // The model flags of a subcommand that loads a model (null: it loads none).
 const ModelArgs* model_args_of(const CLI::App* sub);
 

@@ -44,6 +44,7 @@ int follow(const std::vector<std::pair<CLI::App*, attnres::cli::CommandRun>>& ru
     if (a == nullptr) continue;
     fo.load.dir = a->model;
     fo.load.tokenizer = a->tokenizer;
+    fo.load.mmap = a->mmap;
     fo.threads = a->threads;
     if (fo.prior.is_ok()) {
       auto eo = cli::engine_options(*a);

@@ -169,59 +169,68 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
 
 // With P > 1 a rank's rows of every sharded tensor live in private memory read from the file,
 // never in the shared mapping (whose fault-around would make other ranks' rows resident too):
-// each sharded view points at one of ModelWeights::private_rows and holds exactly the bytes of
-// its rows in the whole tensor; replicated views stay in the mapping.
+// each sharded view lies in ModelWeights::private_memory and holds exactly the bytes of its rows
+// in the whole tensor. The replicated views are read into private memory too by default
+// (WeightResidence::kPrivate) and stay in the mapping with kMapped; an untied embedding, whose
+// rows are only looked up, stays in the mapping either way. At P = 1 kMapped copies nothing.
 TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
   for (const std::string name : {"tiny-a", "tp-odd"}) {
-    auto whole = load_model(model_dir(name));
+    auto whole = load_model(model_dir(name), {}, WeightResidence::kMapped);
     ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
-    EXPECT_TRUE(whole->private_rows.empty()) << "P = 1 views the mapping";
-    for (int P : {2, 3}) {
-      for (int r = 0; r < P; ++r) {
-        auto w = load_model(model_dir(name), Shard{r, P});
-        ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-        std::set<const std::byte*> owned;
-        for (const auto& b : w->private_rows) owned.insert(b.get());
-        int checked = 0;
-        // `part` is this rank's rows of `full` (split in `units` units of the first dimension).
-        auto expect_private = [&](const TensorView& part, const TensorView& full, int64_t units) {
-          SCOPED_TRACE(name + " P " + std::to_string(P) + " rank " + std::to_string(r) + " " +
-                       full.name);
-          const Range u = Shard{r, P}.range(units);
-          const TensorView rows = slice_rows(full, u.begin * (full.shape[0] / units),
-                                             u.size() * (full.shape[0] / units));
-          ASSERT_EQ(part.nbytes, rows.nbytes);
-          if (rows.nbytes == 0) return;
-          EXPECT_EQ(owned.count(part.data), 1u);
-          EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
-          ++checked;
-        };
-        const ModelConfig& c = w->config;
-        for (size_t l = 0; l < w->layers.size(); ++l) {
-          const LayerWeights& a = w->layers[l];
-          const LayerWeights& b = whole->layers[l];
-          if (a.kda) {
-            expect_private(a.kda->q_proj, b.kda->q_proj, c.linear.num_heads);
-            expect_private(a.kda->o_proj, b.kda->o_proj, c.hidden_size);
-          } else {
-            expect_private(a.mla->o_proj, b.mla->o_proj, c.hidden_size);
-          }
-          if (a.moe) {
-            const ExpertMatrix& x = a.moe->experts[0].w1;
-            const ExpertMatrix& y = b.moe->experts[0].w1;
-            if (x.mxfp4) {
-              expect_private(x.packed, y.packed, y.rows);
-              expect_private(x.scale, y.scale, y.rows);
+    EXPECT_EQ(whole->private_memory->bytes_used(), 0u) << "P = 1, kMapped views the mapping";
+    EXPECT_EQ(whole->report.bytes_private, 0);
+    for (const WeightResidence residence : {WeightResidence::kPrivate, WeightResidence::kMapped}) {
+      const bool copies = residence == WeightResidence::kPrivate;
+      for (int P : {1, 2, 3}) {
+        if (P == 1 && !copies) continue;  // checked above
+        for (int r = 0; r < P; ++r) {
+          auto w = load_model(model_dir(name), Shard{r, P}, residence);
+          ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+          const WeightMemory& owned = *w->private_memory;
+          int checked = 0;
+          // `part` is this rank's rows of `full` (split in `units` units of the first dimension).
+          auto expect_private = [&](const TensorView& part, const TensorView& full, int64_t units) {
+            SCOPED_TRACE(name + " P " + std::to_string(P) + " rank " + std::to_string(r) + " " +
+                         full.name);
+            const Range u = Shard{r, P}.range(units);
+            const TensorView rows = slice_rows(full, u.begin * (full.shape[0] / units),
+                                               u.size() * (full.shape[0] / units));
+            ASSERT_EQ(part.nbytes, rows.nbytes);
+            if (rows.nbytes == 0) return;
+            EXPECT_TRUE(owned.contains(part.data, part.nbytes));
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(part.data) % 64, 0u);
+            EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
+            ++checked;
+          };
+          const ModelConfig& c = w->config;
+          for (size_t l = 0; l < w->layers.size(); ++l) {
+            const LayerWeights& a = w->layers[l];
+            const LayerWeights& b = whole->layers[l];
+            if (a.kda) {
+              expect_private(a.kda->q_proj, b.kda->q_proj, c.linear.num_heads);
+              expect_private(a.kda->o_proj, b.kda->o_proj, c.hidden_size);
             } else {
-              expect_private(x.dense, y.dense, y.rows);
+              expect_private(a.mla->o_proj, b.mla->o_proj, c.hidden_size);
             }
+            if (a.moe) {
+              const ExpertMatrix& x = a.moe->experts[0].w1;
+              const ExpertMatrix& y = b.moe->experts[0].w1;
+              if (x.mxfp4) {
+                expect_private(x.packed, y.packed, y.rows);
+                expect_private(x.scale, y.scale, y.rows);
+              } else {
+                expect_private(x.dense, y.dense, y.rows);
+              }
+            }
+            // Replicated: the same bytes, read into private memory or viewed in the mapping.
+            EXPECT_EQ(owned.contains(a.input_norm.data, a.input_norm.nbytes), copies);
+            EXPECT_EQ(std::memcmp(a.input_norm.data, b.input_norm.data, b.input_norm.nbytes), 0);
           }
-          // Replicated: the same bytes, not copied.
-          EXPECT_EQ(owned.count(a.input_norm.data), 0u);
-          EXPECT_EQ(std::memcmp(a.input_norm.data, b.input_norm.data, b.input_norm.nbytes), 0);
+          EXPECT_GT(checked, 0);
+          EXPECT_EQ(owned.contains(w->embed.data, w->embed.nbytes),
+                    copies && c.tie_word_embeddings);
+          EXPECT_EQ(static_cast<size_t>(w->report.bytes_private) <= owned.bytes_used(), true);
         }
-        EXPECT_GT(checked, 0);
-        EXPECT_EQ(owned.count(w->embed.data), 0u);
       }
     }
   }
@@ -285,6 +294,24 @@ std::vector<float> run_schedule(const ModelWeights& w, ActDType act, TensorParal
   for (int d = 0; d < 4; ++d)
     step({{2, {last[2]}, true}, {0, {last[0]}, true}, {1, {last[1]}, true}});
   return all;
+}
+
+// Where the weights live changes no bit of the output: the schedule's logits from weights read
+// into private memory equal those from views of the file mapping, in both activation dtypes.
+TEST(WeightShards, ResidenceChangesNoLogit) {
+  for (const std::string name : {"tiny-a", "tp-odd"}) {
+    auto copied = load_model(model_dir(name), {}, WeightResidence::kPrivate);
+    auto mapped = load_model(model_dir(name), {}, WeightResidence::kMapped);
+    ASSERT_TRUE(copied.is_ok() && mapped.is_ok());
+    ASSERT_GT(copied->report.bytes_private, 0);
+    for (const ActDType act : {ActDType::kF32, ActDType::kBF16}) {
+      const std::vector<float> a = run_schedule(*copied, act, nullptr);
+      const std::vector<float> b = run_schedule(*mapped, act, nullptr);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << name << " " << act_dtype_name(act);
+    }
+  }
 }
 
 class TpForward : public ::testing::TestWithParam<std::tuple<std::string, ActDType>> {};
