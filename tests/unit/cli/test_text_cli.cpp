@@ -80,6 +80,23 @@ TEST_F(TextCli, GenerateIsReproducibleAndMatchesGreedyRun) {
     EXPECT_EQ(jg["tokens"][i], jr["generated"][i]) << i;
 }
 
+// --mmap (weights viewed in the file mapping) changes no token of `run` or `generate`.
+TEST_F(TextCli, MmapChangesNoToken) {
+  for (const std::string& cmd :
+       {"run --model " + model_ + " --prompt-ids 5,9,2,7 --max-new-tokens 8 --ignore-eos --json",
+        "generate --model " + model_ + " --prompt 'abc' --max-new-tokens 8 --seed 3 " +
+            "--temperature 0.8 --json"}) {
+    const Cmd a = run(cmd);
+    const Cmd b = run(cmd + " --mmap");
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.err;
+    const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+    const char* key = ja.contains("generated") ? "generated" : "tokens";
+    ASSERT_EQ(ja[key].size(), 8u) << cmd;
+    EXPECT_EQ(ja[key], jb[key]) << cmd;
+  }
+}
+
 TEST_F(TextCli, GenerateStreamsTextAndReportsSpeed) {
   const Cmd c = run("generate --model " + model_ + " --prompt 'abc' --max-new-tokens 5");
   ASSERT_EQ(c.status, 0) << c.err;
