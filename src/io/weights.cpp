@@ -117,9 +117,12 @@ class Binder {
     try {
       buf = owned_->allocate(rows.nbytes);
     } catch (const std::bad_alloc&) {
-      problem(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(rows.nbytes) +
-                                                 " bytes for this rank's rows of tensor '" +
-                                                 whole.name + "'");
+      problem(
+          ErrorCode::kResourceExhausted,
+          "cannot allocate " + std::to_string(rows.nbytes) + " bytes to read tensor '" +
+              whole.name + "' into memory" +
+              (shard_.sharded() ? std::string(" (this rank's rows)")
+                                : std::string(" (--mmap views it in the file mapping instead)")));
       return TensorView{};
     }
     const SafetensorsCheckpoint::Location* loc = ck_->find(canon_.at(canon));

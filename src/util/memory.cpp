@@ -7,10 +7,18 @@
 #include <new>
 
 namespace attnres {
+namespace {
+
+constexpr size_t kAlign = 64;  // every buffer and every weight starts on a cache line
+
+size_t round_up(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
 
 AlignedBuffer allocate_aligned(size_t bytes) {
-  constexpr size_t kAlign = 64;
-  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t size = round_up(bytes);
   void* p = std::aligned_alloc(kAlign, size);
   if (p == nullptr) throw std::bad_alloc();
   return AlignedBuffer(static_cast<std::byte*>(p));
@@ -21,8 +29,7 @@ WeightMemory::~WeightMemory() {
 }
 
 std::byte* WeightMemory::allocate(size_t bytes) {
-  constexpr size_t kAlign = 64;
-  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t size = round_up(bytes);
   if (chunks_.empty() || chunks_.back().size - chunks_.back().used < size) {
     const size_t map = std::max(kChunkBytes, size);
     void* p = ::mmap(nullptr, map, PROT_READ | PROT_WRITE,
@@ -34,8 +41,13 @@ std::byte* WeightMemory::allocate(size_t bytes) {
   Chunk& c = chunks_.back();
   std::byte* out = c.base + c.used;
   c.used += size;
-  used_total_ += size;
   return out;
+}
+
+size_t WeightMemory::bytes_used() const {
+  size_t n = 0;
+  for (const Chunk& c : chunks_) n += c.used;
+  return n;
 }
 
 bool WeightMemory::contains(const void* p, size_t bytes) const {

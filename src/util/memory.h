@@ -45,7 +45,7 @@ class WeightMemory {
   std::byte* allocate(size_t bytes);
   // Whether [p, p + bytes) lies inside one allocation's chunk.
   bool contains(const void* p, size_t bytes) const;
-  size_t bytes_used() const { return used_total_; }
+  size_t bytes_used() const;  // allocated, with each allocation's padding to 64 bytes
 
  private:
   struct Chunk {
@@ -53,7 +53,6 @@ class WeightMemory {
     size_t size, used;
   };
   std::vector<Chunk> chunks_;
-  size_t used_total_ = 0;
 };
 
 }  // namespace attnres
