@@ -29,9 +29,9 @@ AlignedBuffer allocate_aligned(size_t bytes);
 // 64-byte boundary, in anonymous mappings of kChunkBytes (a larger tensor gets one of its own)
 // advised as transparent huge pages. Measured on k3-mini (2026-12-02, alternated runs, two
 // threads, 32 + 128 tokens): decode 63.7 tok/s from such memory, 56-59 from one allocation per
-// tensor on 4 KiB pages, 38-40 through the file mapping; the 2.6 GB also load in 1-2 s
-// instead of 10 s of 4 KiB page faults. Pages are reserved as touched (MAP_NORESERVE), so the
-// unused tail of the last chunk costs at most one huge page.
+// tensor on 4 KiB pages, 38-40 through the file mapping; a one-token `run` spent 2-6 s in the
+// kernel loading the 2.6 GB into such memory against 10.5 s on 4 KiB pages. Pages are reserved as
+// touched (MAP_NORESERVE), so the unused tail of the last chunk costs at most one huge page.
 class WeightMemory {
  public:
   static constexpr size_t kChunkBytes = size_t{1} << 30;
