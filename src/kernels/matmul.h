@@ -33,6 +33,7 @@ bool matmul_bf16_uses_dot_product();
 // with it is NaN either way), so one NaN row never moves the other rows of a batch to another
 // kernel: in the bf16 flow every projection input is a bf16 value, and the copy always succeeds.
 bool bf16_exact_copy(const float* x, int64_t n, bf16* out);
+bool bf16_exact_copy_ref(const float* x, int64_t n, bf16* out);  // scalar twin (same bits)
 
 // MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
 // Computed straight from the packed nibbles; no dequantised copy is kept.
@@ -69,6 +70,9 @@ struct MatmulJob {
   int64_t N = 0, K = 0;
   float* y = nullptr;  // [T, N] f32, rows ldy apart
   int64_t ldy = 0;     // row stride of y; 0 = N
+  // Round each output to the nearest bf16 value (round_bf16, kept in f32), done by the thread
+  // that computed it right after its rows (a bf16 nn.Linear output).
+  bool round_bf16 = false;
 };
 
 // A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight), or over rows

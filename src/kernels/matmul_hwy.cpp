@@ -50,6 +50,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/bf16_hwy-inl.h"
 #include "kernels/matmul.h"
 #include "util/cpu.h"
 #include "util/parallel.h"
@@ -816,8 +817,20 @@ int64_t JobGroupRows(const MatmulJob& j) {
   return j.kind == WeightKind::kMxfp4 ? kNRq : kNR * JobPageStride(j);
 }
 
+// y[t, n] = round_bf16(y[t, n]) for t < T and n in [n0, n1) (CastT<bf16> is bit-exact with it).
+void RoundOutputs(float* y, int64_t ldy, int64_t T, int64_t n0, int64_t n1) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = y + t * ldy;
+    int64_t n = n0;
+    for (; n + L <= n1; n += L) hn::StoreU(CastT<bf16>(d, hn::LoadU(d, row + n)), d, row + n);
+    for (; n < n1; ++n) row[n] = round_bf16(row[n]);
+  }
+}
+
 // Rows [row_begin, row_end) of job j, with exactly the tiles matmul() / mxfp4_matmul() use.
-void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
+void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
   const int64_t T = j.T, N = j.N, K = j.K, row_bytes = job_row_bytes(j), P = JobPageStride(j);
   float* y = j.y;
   const int64_t ldy = j.ldy > 0 ? j.ldy : N;
@@ -874,6 +887,12 @@ void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
       break;
     }
   }
+}
+
+// ComputeJobRows, then the rows' outputs rounded to bf16 when the job asks (while they are hot).
+void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
+  ComputeJobRows(j, row_begin, row_end);
+  if (j.round_bf16) RoundOutputs(j.y, j.ldy > 0 ? j.ldy : j.N, j.T, row_begin, row_end);
 }
 
 // Runs the work units whose cumulative cost starts in [lo, hi) (see MatmulBatch).
@@ -936,6 +955,30 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   });
 }
 
+// bf16_exact_copy (matmul.h): the bit operations of its scalar twin, lane-wise; the ragged end
+// through the twin.
+bool Bf16ExactCopy(const float* x, int64_t n, uint16_t* out) {
+  const DF d;
+  const DU du;
+  const DI di;
+  const DU16 du16;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  auto inexact = hn::Zero(du);  // OR of the dropped low halves of the non-NaN values
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto u = hn::BitCast(du, hn::LoadU(d, x + i));
+    const auto is_nan = hn::RebindMask(
+        du, hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu))), hn::Set(di, 0x7f800000)));
+    const auto hi = hn::ShiftRight<16>(u);
+    const auto quiet = hn::Or(hn::And(hi, hn::Set(du, 0x8000u)), hn::Set(du, 0x7fc0u));
+    inexact = hn::Or(inexact, hn::IfThenZeroElse(is_nan, hn::And(u, hn::Set(du, 0xffffu))));
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, hn::IfThenElse(is_nan, quiet, hi))), du16,
+               out + i);
+  }
+  const bool tail_exact = bf16_exact_copy_ref(x + i, n - i, reinterpret_cast<bf16*>(out + i));
+  return tail_exact && hn::AllTrue(du, hn::Eq(inexact, hn::Zero(du)));
+}
+
 int64_t ChosenTarget() {
   return HWY_TARGET;
 }
@@ -953,6 +996,7 @@ HWY_EXPORT(MatmulBf16Act);
 HWY_EXPORT(Mxfp4Matmul);
 HWY_EXPORT(ChosenTarget);
 HWY_EXPORT(MatmulBatch);
+HWY_EXPORT(Bf16ExactCopy);
 
 void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
   assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
@@ -978,16 +1022,7 @@ bool matmul_bf16_uses_dot_product() {
 }
 
 bool bf16_exact_copy(const float* x, int64_t n, bf16* out) {
-  uint32_t inexact = 0;  // OR of the dropped low halves of the non-NaN values
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    // A NaN keeps its sign and becomes the quiet bf16 NaN (truncating its payload could give
-    // an infinity); every product with it is NaN in either kernel.
-    out[i] = bf16{static_cast<uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : u >> 16)};
-    inexact |= nan ? 0u : (u & 0xffffu);
-  }
-  return inexact == 0;
+  return n <= 0 || HWY_DYNAMIC_DISPATCH(Bf16ExactCopy)(x, n, reinterpret_cast<uint16_t*>(out));
 }
 
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
@@ -1087,7 +1122,7 @@ void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs) {
           }
           acc += xr[k] * w;
         }
-        j.y[t * (j.ldy > 0 ? j.ldy : N) + n] = acc;
+        j.y[t * (j.ldy > 0 ? j.ldy : N) + n] = j.round_bf16 ? round_bf16(acc) : acc;
       }
     }
   }

@@ -1,6 +1,7 @@
 // Scalar reference projections: they define the numerics (f32 products of the exactly widened
 // weights, accumulated sequentially in k order, no fma). Single-threaded and slow by design; the
 // dispatched kernels in matmul_hwy.cpp are tested against them.
+#include <bit>
 #include <cstring>
 
 #include "kernels/matmul.h"
@@ -53,6 +54,19 @@ void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const ui
   matmul_rows(x, T, N, K, y, [=](int64_t n, int64_t k) {
     return mxfp4_get(packed + n * (K / 2), scale + n * (K / kMxfp4BlockSize), k);
   });
+}
+
+bool bf16_exact_copy_ref(const float* x, int64_t n, bf16* out) {
+  uint32_t inexact = 0;  // OR of the dropped low halves of the non-NaN values
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    // A NaN keeps its sign and becomes the quiet bf16 NaN (truncating its payload could give
+    // an infinity); every product with it is NaN in either kernel.
+    out[i] = bf16{static_cast<uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : u >> 16)};
+    inexact |= nan ? 0u : (u & 0xffffu);
+  }
+  return inexact == 0;
 }
 
 }  // namespace attnres

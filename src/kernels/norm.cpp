@@ -58,4 +58,9 @@ void gated_rms_norm_ref(const float* o, const float* gate, int64_t rows, int64_t
   });
 }
 
+void round_to_bf16_ref(float* x, int64_t n, bool enabled) {
+  if (!enabled) return;
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
 }  // namespace attnres

@@ -45,10 +45,9 @@ inline float gain_at(const TensorView& g, int64_t i) {
   return g.dtype == DType::kBF16 ? bf16_to_f32(g.as<bf16>()[i]) : g.as<float>()[i];
 }
 
-// Rounds n values to bf16 in place (no-op loop when !enabled).
-inline void round_to_bf16(float* x, int64_t n, bool enabled) {
-  if (!enabled) return;
-  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
-}
+// Rounds n values in place to the nearest bf16 value (round_bf16: ties to even, NaN quieted),
+// kept in f32; nothing when !enabled. The SIMD path is bit-exact with the twin.
+void round_to_bf16(float* x, int64_t n, bool enabled);
+void round_to_bf16_ref(float* x, int64_t n, bool enabled);
 
 }  // namespace attnres

@@ -134,6 +134,15 @@ void GatedRmsNormRows(const float* o, const float* gate, int64_t rows, int64_t D
   }
 }
 
+// x[i] = round_bf16(x[i]) (CastT<bf16> is bit-exact with it); the ragged end in scalar.
+void RoundToBf16(float* x, int64_t n) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(CastT<bf16>(d, hn::LoadU(d, x + i)), d, x + i);
+  for (; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attnres
 HWY_AFTER_NAMESPACE();
@@ -144,6 +153,7 @@ namespace attnres {
 HWY_EXPORT(RmsNormRows);
 HWY_EXPORT(L2NormRows);
 HWY_EXPORT(GatedRmsNormRows);
+HWY_EXPORT(RoundToBf16);
 
 namespace {
 // GainKind of a view (the enum lives per target; its values are fixed above).
@@ -177,6 +187,10 @@ void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
     HWY_DYNAMIC_DISPATCH(GatedRmsNormRows)
     (o + r0 * D, gate + r0 * D, r1 - r0, D, gain.data, kind, eps, bf16_out, y + r0 * D);
   });
+}
+
+void round_to_bf16(float* x, int64_t n, bool enabled) {
+  if (enabled && n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n);
 }
 
 }  // namespace attnres

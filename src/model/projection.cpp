@@ -48,22 +48,14 @@ void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double sec
 
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
   attach_bf16_inputs(pj, jobs, n);
+  for (int64_t i = first_rounded; i < n; ++i) jobs[i].round_bf16 = pj.bf16;
   if (pj.stats == nullptr) {
     matmul_batch(jobs, n);
   } else {
     const auto t0 = std::chrono::steady_clock::now();
     matmul_batch(jobs, n);
-    record(*pj.stats, jobs, n,
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  if (!pj.bf16) return;
-  for (int64_t i = first_rounded; i < n; ++i) {
-    const MatmulJob& j = jobs[i];
-    if (j.ldy <= 0 || j.ldy == j.N) {
-      round_to_bf16(j.y, j.T * j.N, true);
-      continue;
-    }
-    for (int64_t t = 0; t < j.T; ++t) round_to_bf16(j.y + t * j.ldy, j.N, true);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    record(*pj.stats, jobs, n, sec);
   }
 }
 

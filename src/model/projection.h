@@ -28,8 +28,8 @@ struct Proj {
 
 Proj make_proj(const ForwardOptions& opt, Arena& arena);
 
-// Runs the jobs in one parallel region, then rounds the outputs of jobs [first_rounded, n) to
-// bf16 in the bf16 flow (each job's T rows of N values, ldy apart).
+// Runs the jobs in one parallel region; in the bf16 flow the outputs of jobs [first_rounded, n)
+// are rounded to bf16 (MatmulJob::round_bf16: by the threads that computed them).
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0);
 
 // y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).

@@ -203,6 +203,78 @@ TEST(MatmulBatch, Bf16ExactCopy) {
   }
 }
 
+// The dispatched copy gives its scalar twin's bits and verdict on every target, for lengths on
+// and off the vector width, with the one inexact or NaN value at every position (the vector
+// body and the ragged end).
+TEST(MatmulBatch, Bf16ExactCopyEqualsTwin) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  for_each_target([&] {
+    for (int64_t n : {1, 7, 15, 16, 17, 31, 32, 33, 100}) {
+      std::vector<float> x(n);
+      for (float& v : x) v = round_bf16(nd(rng));
+      for (int64_t at = -1; at < n; ++at) {
+        for (uint32_t odd : {0x3f800001u, 0x7f800001u, 0xffc00000u, 0x80000000u}) {
+          std::vector<float> y = x;
+          if (at >= 0) y[at] = std::bit_cast<float>(odd);
+          std::vector<bf16> fast(n, bf16{0x1234}), ref(n, bf16{0x1234});
+          const bool f = bf16_exact_copy(y.data(), n, fast.data());
+          const bool r = bf16_exact_copy_ref(y.data(), n, ref.data());
+          ASSERT_EQ(f, r) << n << " " << at << " " << std::hex << odd;
+          if (r) {
+            ASSERT_EQ(0, std::memcmp(fast.data(), ref.data(), n * sizeof(bf16))) << n << " " << at;
+          }
+        }
+      }
+    }
+  });
+}
+
+// round_bf16 on a job rounds each output to the nearest bf16 value: the bits of the unrounded
+// job's outputs through round_bf16, for every kind, token count and thread count, with strided
+// outputs (ldy > N) whose gaps are left untouched; the scalar twin agrees.
+TEST(MatmulBatch, RoundedOutputsEqualRoundedBits) {
+  const int saved = parallel_threads();
+  const Batch b(false, 11);
+  for_each_target([&] {
+    for (int threads : {1, 2, 3}) {
+      set_parallel_threads(threads);
+      auto plain = b.outputs(), rounded = b.outputs(), ref = b.outputs();
+      std::vector<MatmulJob> pj = b.jobs(plain), rj = b.jobs(rounded), fj = b.jobs(ref);
+      for (MatmulJob& j : rj) j.round_bf16 = true;
+      for (MatmulJob& j : fj) j.round_bf16 = true;
+      matmul_batch(pj.data(), static_cast<int64_t>(pj.size()));
+      matmul_batch(rj.data(), static_cast<int64_t>(rj.size()));
+      matmul_batch_ref(fj.data(), static_cast<int64_t>(fj.size()));
+      for (size_t j = 0; j < plain.size(); ++j)
+        for (size_t i = 0; i < plain[j].size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(rounded[j][i]),
+                    std::bit_cast<uint32_t>(round_bf16(plain[j][i])))
+              << threads << " job " << j << " at " << i;
+          EXPECT_EQ(ref[j][i], round_bf16(ref[j][i])) << j << " " << i;
+        }
+    }
+    // Strided: a [T, N] result in columns [3, 3 + N) of rows ldy = N + 5 apart.
+    constexpr int64_t T = 4, K = 64, N = 37, ld = N + 5;
+    std::vector<float> x(T * K), w(N * K), y(T * ld, -3.0f), plain(T * N);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.1f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 5) * 0.3f - 0.5f;
+    const TensorView v = view(DType::kF32, N, K, w.data());
+    matmul(x.data(), T, v, plain.data());
+    MatmulJob j = dense_job(x.data(), T, v, y.data() + 3);
+    j.ldy = ld;
+    j.round_bf16 = true;
+    matmul_batch(&j, 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < ld; ++c) {
+        const float want = c >= 3 && c < 3 + N ? round_bf16(plain[t * N + c - 3]) : -3.0f;
+        EXPECT_EQ(std::bit_cast<uint32_t>(y[t * ld + c]), std::bit_cast<uint32_t>(want))
+            << t << " " << c;
+      }
+  });
+  set_parallel_threads(saved);
+}
+
 // A BF16-weight job given its input as bf16 (xh) computes what matmul_bf16 computes, bitwise,
 // for any thread count and batch grouping; jobs of other kinds ignore xh.
 TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
