@@ -36,6 +36,9 @@ struct MemoryBandwidth {
 };
 // A STREAM-style probe on the current thread count (src/kernels/stream_probe.h).
 Result<MemoryBandwidth> measure_memory_bandwidth();
+// The mean read bandwidth of back-to-back read passes over `seconds` (the probe reports its
+// best pass; this is what a sustained stream got at the time, src/kernels/stream_probe.h).
+Result<double> measure_sustained_read(double seconds);
 
 struct ComputePeak {
   double gflop_s = 0;       // a multiply-add is 2 FLOPs

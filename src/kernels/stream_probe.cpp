@@ -68,12 +68,50 @@ size_t last_level_cache_bytes() {
   return llc != 0 ? llc : size_t{32} << 20;
 }
 
+namespace {
+size_t default_array_bytes() {  // 4x the last-level cache, at least 64 MiB
+  return std::max(4 * last_level_cache_bytes(), size_t{64} << 20);
+}
+}  // namespace
+
+Result<double> sustained_read_gb_s(double seconds, int threads) {
+  if (!(seconds > 0))
+    return Status(ErrorCode::kInvalidArgument,
+                  "sustained_read_gb_s: seconds: expected > 0, found " + std::to_string(seconds));
+  if (threads <= 0) threads = parallel_threads();
+  const int64_t n = static_cast<int64_t>(default_array_bytes() / sizeof(uint64_t));
+  std::unique_ptr<uint64_t[]> a(new (std::nothrow) uint64_t[n]);  // [n], touched below
+  if (!a)
+    return Status(ErrorCode::kInternal, "sustained_read_gb_s: cannot allocate " +
+                                            std::to_string(n * sizeof(uint64_t)) + " bytes");
+  uint64_t* pa = a.get();
+  split(n, threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) pa[i] = static_cast<uint64_t>(i);
+  });
+  const auto bytes = static_cast<size_t>(n) * sizeof(uint64_t);
+  uint64_t sink = 0;
+  int64_t passes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    sink += stream_read_pass(reinterpret_cast<const std::byte*>(pa), bytes, threads);
+    ++passes;
+    elapsed = seconds_since(t0);
+  } while (elapsed < seconds);
+  // The word sum of 0..n-1, once per pass (mod 2^64): checked so the passes cannot be elided.
+  const uint64_t un = static_cast<uint64_t>(n);
+  const uint64_t per_pass = un % 2 == 0 ? (un / 2) * (un - 1) : un * ((un - 1) / 2);
+  if (sink != per_pass * static_cast<uint64_t>(passes))
+    return Status(ErrorCode::kInternal, "sustained_read_gb_s: read-pass sum mismatch");
+  return static_cast<double>(bytes) * static_cast<double>(passes) / elapsed / 1e9;
+}
+
 Result<StreamResult> stream_probe(const StreamOptions& options) {
   if (options.reps < 1)
     return Status(ErrorCode::kInvalidArgument,
                   "stream_probe: reps: expected >= 1, found " + std::to_string(options.reps));
   size_t bytes = options.array_bytes;
-  if (bytes == 0) bytes = std::max(4 * last_level_cache_bytes(), size_t{64} << 20);
+  if (bytes == 0) bytes = default_array_bytes();
   if (bytes < 1024)
     return Status(ErrorCode::kInvalidArgument,
                   "stream_probe: array_bytes: expected >= 1024, found " + std::to_string(bytes));

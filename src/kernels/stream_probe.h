@@ -44,6 +44,12 @@ uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads);
 // Last-level cache size in bytes (util/cpu.h, from sysfs), or 32 MiB if the OS does not say.
 size_t last_level_cache_bytes();
 
+// Mean read bandwidth over `seconds` (at least one pass) of back-to-back read passes over one
+// array of the probe's default size, first-touched by the reading threads: total bytes over
+// total time, the rate a sustained stream sees, where the probe reports its best pass. `threads`
+// as in StreamOptions. Errors: kInvalidArgument (seconds not > 0), kInternal (no memory).
+Result<double> sustained_read_gb_s(double seconds, int threads = 0);
+
 // Runs the probe. Errors: kInvalidArgument (reps < 1, array_bytes below 1 KiB), kInternal
 // (a result array does not hold the expected values).
 Result<StreamResult> stream_probe(const StreamOptions& options = {});

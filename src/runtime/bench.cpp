@@ -138,4 +138,8 @@ Result<MemoryBandwidth> measure_memory_bandwidth() {
   return b;
 }
 
+Result<double> measure_sustained_read(double seconds) {
+  return sustained_read_gb_s(seconds);
+}
+
 }  // namespace attnres

@@ -2,6 +2,7 @@
 // model written into a temporary directory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +147,9 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
     EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
   EXPECT_LE(j["decode_tok_s_min"].get<double>(), j["decode_tok_s"].get<double>());
   EXPECT_LE(j["decode_tok_s"].get<double>(), j["decode_tok_s_max"].get<double>());
+  // The roofline is the better of the probes before and after the repetitions.
+  EXPECT_DOUBLE_EQ(j["stream_gb_s"].get<double>(), std::max(j["stream_gb_s_before"].get<double>(),
+                                                            j["stream_gb_s_after"].get<double>()));
   EXPECT_NEAR(j["roofline_fraction"].get<double>(),
               j["achieved_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
   EXPECT_NEAR(j["achieved_gb_s"].get<double>(),
@@ -163,6 +167,14 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
   EXPECT_GT(j["mxfp4_proj_share"].get<double>(), 0.0);
   EXPECT_GT(j["dense_proj_gb_s"].get<double>(), 0.0);
   EXPECT_GT(j["mxfp4_proj_gb_s"].get<double>(), 0.0);
+  // Each phase's GB/s against the probe, and decode against the sustained read of the same run.
+  EXPECT_NEAR(j["dense_proj_roofline_fraction"].get<double>(),
+              j["dense_proj_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(j["mxfp4_proj_roofline_fraction"].get<double>(),
+              j["mxfp4_proj_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
+  EXPECT_GT(j["sustained_read_gb_s"].get<double>(), 0.0);
+  EXPECT_NEAR(j["sustained_read_fraction"].get<double>(),
+              j["achieved_gb_s"].get<double>() / j["sustained_read_gb_s"].get<double>(), 1e-9);
   // Prefill against the compute peak (issue 17): the fraction is the achieved rate over the
   // peak, and the prefill's phase shares are a partition of its time.
   for (const char* key : {"prefill_flops_per_token", "peak_gflops", "prefill_compute_fraction",

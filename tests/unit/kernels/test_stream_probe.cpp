@@ -57,6 +57,17 @@ TEST(StreamProbe, RejectsBadOptions) {
   EXPECT_EQ(stream_probe(o).status().code(), ErrorCode::kInvalidArgument);
 }
 
+// The sustained figure runs whole passes until the time is up (at least one, checked against the
+// word sum of the array it wrote) and reports a finite rate; a non-positive time is refused.
+TEST(StreamProbe, SustainedReadRunsPassesAndRefusesBadTime) {
+  const Result<double> r = sustained_read_gb_s(0.01, 2);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(std::isfinite(*r));
+  EXPECT_GT(*r, 0.0);
+  for (double bad : {0.0, -1.0, std::nan("")})
+    EXPECT_EQ(sustained_read_gb_s(bad, 2).status().code(), ErrorCode::kInvalidArgument) << bad;
+}
+
 TEST(StreamProbe, LastLevelCacheIsPlausible) {
   const size_t llc = last_level_cache_bytes();
   EXPECT_GE(llc, size_t{256} << 10);
