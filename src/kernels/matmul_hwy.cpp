@@ -265,8 +265,9 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 #endif
 }
 
-// Decode (one token) streams each MXFP4 row once: prefetch block b of the rows four tiles ahead
-// (one line per 4 blocks, and their scales one line per 64 blocks), as in DenseTile.
+// The first tile over a group of MXFP4 rows (the only one at decode) streams them from memory:
+// prefetch block b of the rows four tiles ahead (one line per 4 blocks, and their scales one
+// line per 64 blocks), as in DenseTile.
 HWY_INLINE void Mxfp4PrefetchNext(const uint8_t* packed, const uint8_t* scale, int64_t N, int64_t K,
                                   int64_t n0, int NR, int64_t b) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
@@ -638,7 +639,9 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodePairBf16(const uint8_t* HWY_RESTRICT pack
   wo = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(io, table));
 }
 
-template <int MR, int NR>
+// kPrefetch: the tile is the first over its rows (token 0 on), the one that streams them from
+// memory; later tiles of the same rows find them in cache.
+template <int MR, int NR, bool kPrefetch>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, int64_t N,
                                                 int64_t K, const uint8_t* packed,
                                                 const uint8_t* scale, int64_t n0,
@@ -654,7 +657,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, 
   for (; b + 2 <= row_scales; b += 2) {
     // b is even: the prefetch's line boundaries (every 4th block, every 64th scale) fall on b,
     // never on b + 1.
-    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
       DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
@@ -873,8 +876,14 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
         }
         DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
                                [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
-                                 Mxfp4DotTile<decltype(mr)::value, decltype(nr)::value>(
-                                     xh + t * K, N, K, packed, j.scale, n, y + t * ldy + n, ldy);
+                                 constexpr int MR = decltype(mr)::value, NR = decltype(nr)::value;
+                                 if (t == 0) {
+                                   Mxfp4DotTile<MR, NR, true>(xh, N, K, packed, j.scale, n, y + n,
+                                                              ldy);
+                                 } else {
+                                   Mxfp4DotTile<MR, NR, false>(xh + t * K, N, K, packed, j.scale, n,
+                                                               y + t * ldy + n, ldy);
+                                 }
                                });
         break;
       }
