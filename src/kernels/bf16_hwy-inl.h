@@ -71,6 +71,16 @@ HWY_INLINE void StoreT(DF df, VF v, bf16* p) {
   hn::StoreU(hn::DemoteTo(du16, hi), du16, reinterpret_cast<uint16_t*>(p));
 }
 
+// x[i] = round_bf16(x[i]) for i < n, kept in f32 (CastT<bf16> is bit-exact with it); the ragged
+// end in scalar.
+HWY_INLINE void RoundSpanToBf16(float* x, int64_t n) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(CastT<bf16>(d, hn::LoadU(d, x + i)), d, x + i);
+  for (; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attnres
 HWY_AFTER_NAMESPACE();

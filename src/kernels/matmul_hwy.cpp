@@ -820,16 +820,9 @@ int64_t JobGroupRows(const MatmulJob& j) {
   return j.kind == WeightKind::kMxfp4 ? kNRq : kNR * JobPageStride(j);
 }
 
-// y[t, n] = round_bf16(y[t, n]) for t < T and n in [n0, n1) (CastT<bf16> is bit-exact with it).
+// y[t, n] = round_bf16(y[t, n]) for t < T and n in [n0, n1).
 void RoundOutputs(float* y, int64_t ldy, int64_t T, int64_t n0, int64_t n1) {
-  const DF d;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t t = 0; t < T; ++t) {
-    float* row = y + t * ldy;
-    int64_t n = n0;
-    for (; n + L <= n1; n += L) hn::StoreU(CastT<bf16>(d, hn::LoadU(d, row + n)), d, row + n);
-    for (; n < n1; ++n) row[n] = round_bf16(row[n]);
-  }
+  for (int64_t t = 0; t < T; ++t) RoundSpanToBf16(y + t * ldy + n0, n1 - n0);
 }
 
 // Rows [row_begin, row_end) of job j, with exactly the tiles matmul() / mxfp4_matmul() use.
@@ -874,17 +867,18 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
           Mxfp4DotRows(xh, T, K, packed, j.scale, row_begin, row_end, y, ldy);
           break;
         }
-        DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
-                               [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
-                                 constexpr int MR = decltype(mr)::value, NR = decltype(nr)::value;
-                                 if (t == 0) {
-                                   Mxfp4DotTile<MR, NR, true>(xh, N, K, packed, j.scale, n, y + n,
-                                                              ldy);
-                                 } else {
-                                   Mxfp4DotTile<MR, NR, false>(xh + t * K, N, K, packed, j.scale, n,
-                                                               y + t * ldy + n, ldy);
-                                 }
-                               });
+        DriveRange<kMRq, kNRq>(
+            T, K, row_bytes, P, row_begin, row_end,
+            [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
+              constexpr int MR = decltype(mr)::value, NR = decltype(nr)::value;
+              const uint16_t* xt = xh + t * K;
+              float* yt = y + t * ldy + n;
+              if (t == 0) {
+                Mxfp4DotTile<MR, NR, true>(xt, N, K, packed, j.scale, n, yt, ldy);
+              } else {
+                Mxfp4DotTile<MR, NR, false>(xt, N, K, packed, j.scale, n, yt, ldy);
+              }
+            });
         break;
       }
 #endif
@@ -1031,7 +1025,7 @@ bool matmul_bf16_uses_dot_product() {
 }
 
 bool bf16_exact_copy(const float* x, int64_t n, bf16* out) {
-  return n <= 0 || HWY_DYNAMIC_DISPATCH(Bf16ExactCopy)(x, n, reinterpret_cast<uint16_t*>(out));
+  return HWY_DYNAMIC_DISPATCH(Bf16ExactCopy)(x, n, reinterpret_cast<uint16_t*>(out));
 }
 
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,

@@ -134,13 +134,8 @@ void GatedRmsNormRows(const float* o, const float* gate, int64_t rows, int64_t D
   }
 }
 
-// x[i] = round_bf16(x[i]) (CastT<bf16> is bit-exact with it); the ragged end in scalar.
 void RoundToBf16(float* x, int64_t n) {
-  const DF d;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + L <= n; i += L) hn::StoreU(CastT<bf16>(d, hn::LoadU(d, x + i)), d, x + i);
-  for (; i < n; ++i) x[i] = round_bf16(x[i]);
+  RoundSpanToBf16(x, n);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -190,7 +185,7 @@ void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
 }
 
 void round_to_bf16(float* x, int64_t n, bool enabled) {
-  if (enabled && n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n);
+  if (enabled) HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n);
 }
 
 }  // namespace attnres
