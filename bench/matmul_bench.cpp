@@ -454,37 +454,53 @@ BENCHMARK(BM_GemmMxfp4)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-// args: E (experts in the batch), T (tokens routed to each), N, K. The MoE prefill batch on bf16
-// tokens: E MXFP4 experts [N, K] (cold: a pool of distinct experts, so their weights come from
-// memory as in a prefill over every layer), T tokens each, in one matmul_batch. Reported against
-// the vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). T = 4
-// takes the register-decode tiles, T >= 8 the decoded-rows path (matmul_hwy.cpp,
-// kMxfp4SplitMinTokens).
+// args: E (experts in the batch), T (tokens routed to each), N, K, routed. The MoE prefill batch
+// on bf16 tokens: E MXFP4 experts [N, K] (cold: a pool of distinct experts, so their weights come
+// from memory as in a prefill over every layer), T tokens each, in one matmul_batch. With
+// routed = 1, T is the mean: the E * T (token, expert) pairs fall on the experts uniformly at
+// random (seeded), so the experts get the spread of counts a prefill chunk routes to them (for
+// k3-mini's 256 tokens, top-8 of 256 experts: mostly 3-16 tokens). Reported against the
+// vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). Fewer
+// than kMxfp4DecodeOnceMinTokens tokens take the register-decode tiles, more the decoded-rows
+// path (matmul_hwy.cpp).
 void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   context_once();
   const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
+  const bool routed = state.range(4) != 0;
+  std::vector<int64_t> count(static_cast<size_t>(E), T);
+  if (routed) {
+    std::fill(count.begin(), count.end(), 0);
+    std::mt19937 rng(16);
+    std::uniform_int_distribution<int64_t> pick(0, E - 1);
+    for (int64_t i = 0; i < E * T; ++i) ++count[static_cast<size_t>(pick(rng))];
+  }
   const int64_t pb = N * K / 2, ps = N * K / 32;
   const int64_t pool = std::max<int64_t>(E, copies_for(E * (pb + ps)) * E);
   const std::vector<uint8_t> packed = random_bytes(pb * pool, 13, 0, 255);   // [pool, N, K/2]
   const std::vector<uint8_t> scale = random_bytes(ps * pool, 14, 118, 124);  // [pool, N, K/32]
-  std::vector<float> x = random_f32(E * T * K, 15);                          // [E, T, K]
+  std::vector<float> x = random_f32(E * T * K, 15);                          // [E * T, K]
   for (float& v : x) v = round_bf16(v);
   std::vector<bf16> xh(x.size());
   if (!bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), xh.data()))
     state.SkipWithError("x not bf16-exact");
-  std::vector<float> y(static_cast<size_t>(E * T * N));  // [E, T, N]
-  std::vector<MatmulJob> jobs(static_cast<size_t>(E));
+  std::vector<float> y(static_cast<size_t>(E * T * N));  // [E * T, N]
+  std::vector<MatmulJob> jobs;
   int64_t round = 0;
   BestOf best;
   for (auto _ : state) {
     const int64_t e0 = (round++ * E) % (pool - E + 1);  // another E experts each call
+    jobs.clear();
+    int64_t row = 0;  // first token row of expert e
     for (int64_t e = 0; e < E; ++e) {
-      MatmulJob& j = jobs[static_cast<size_t>(e)];
-      j = mxfp4_job(x.data() + e * T * K, T, packed.data() + (e0 + e) * pb,
-                    scale.data() + (e0 + e) * ps, N, K, y.data() + e * T * N);
-      j.xh = xh.data() + e * T * K;
+      const int64_t n = count[static_cast<size_t>(e)];
+      if (n == 0) continue;
+      MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
+                              scale.data() + (e0 + e) * ps, N, K, y.data() + row * N);
+      j.xh = xh.data() + row * K;
+      jobs.push_back(j);
+      row += n;
     }
-    best.time([&] { matmul_batch(jobs.data(), E); });
+    best.time([&] { matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size())); });
     benchmark::DoNotOptimize(y.data());
   }
   static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;
@@ -494,14 +510,21 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   state.counters["best_of_peak"] = gflop / best.seconds() / peak;
 }
 BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
-    ->ArgNames({"E", "T", "N", "K"})
-    ->Args({64, 4, 512, 1024})
-    ->Args({64, 5, 512, 1024})
-    ->Args({64, 6, 512, 1024})
-    ->Args({64, 7, 512, 1024})
-    ->Args({64, 8, 512, 1024})
-    ->Args({64, 16, 512, 1024})
-    ->Args({64, 64, 512, 1024})
+    ->ArgNames({"E", "T", "N", "K", "routed"})
+    ->Args({64, 2, 512, 1024, 0})
+    ->Args({64, 4, 512, 1024, 0})
+    ->Args({64, 5, 512, 1024, 0})
+    ->Args({64, 6, 512, 1024, 0})
+    ->Args({64, 7, 512, 1024, 0})
+    ->Args({64, 8, 512, 1024, 0})
+    ->Args({64, 12, 512, 1024, 0})
+    ->Args({64, 16, 512, 1024, 0})
+    ->Args({64, 24, 512, 1024, 0})
+    ->Args({64, 32, 512, 1024, 0})
+    ->Args({64, 64, 512, 1024, 0})
+    ->Args({256, 8, 512, 512, 0})
+    ->Args({256, 16, 512, 512, 0})
+    ->Args({256, 8, 512, 512, 1})  // k3-mini's routed experts for a 256-token prefill chunk
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -639,50 +639,44 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodePairBf16(const uint8_t* HWY_RESTRICT pack
   wo = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(io, table));
 }
 
-// kPrefetch: the tile is the first over its rows (token 0 on), the one that streams them from
-// memory; later tiles of the same rows find them in cache.
-template <int MR, int NR, bool kPrefetch>
+// One token (decode) against NR rows streamed from memory (prefetched ahead): the token's pair
+// of blocks is split once per step for the NR rows.
+template <int NR>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, int64_t N,
                                                 int64_t K, const uint8_t* packed,
                                                 const uint8_t* scale, int64_t n0,
-                                                float* HWY_RESTRICT y, int64_t ldy) {
+                                                float* HWY_RESTRICT y) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
   const ScaledBf16Tables& tables = ScaledTables();
   const PairIndex ix = MakePairIndex();
-  __m512 acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= row_scales; b += 2) {
     // b is even: the prefetch's line boundaries (every 4th block, every 64th scale) fall on b,
     // never on b + 1.
-    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
       DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
                      we[r], wo[r]);
-    for (int m = 0; m < MR; ++m) {
-      __m512bh xe, xo;
-      SplitTokenPair(x + m * K + b * kMxfp4BlockSize, ix, xe, xo);
-      for (int r = 0; r < NR; ++r) {
-        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xe, we[r]);
-        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xo, wo[r]);
-      }
+    __m512bh xe, xo;
+    SplitTokenPair(x + b * kMxfp4BlockSize, ix, xe, xo);
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = _mm512_dpbf16_ps(acc[r], xe, we[r]);
+      acc[r] = _mm512_dpbf16_ps(acc[r], xo, wo[r]);
     }
   }
   if (b < row_scales) {
-    __m512bh wv[NR];
-    for (int r = 0; r < NR; ++r)
-      wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
-                              scale[(n0 + r) * row_scales + b], values);
-    for (int m = 0; m < MR; ++m) {
-      const __m512bh xv = LoadBf16x32(x + m * K + b * kMxfp4BlockSize);
-      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    const __m512bh xv = LoadBf16x32(x + b * kMxfp4BlockSize);
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh wv = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
+                                          scale[(n0 + r) * row_scales + b], values);
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+  for (int r = 0; r < NR; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 // Several tokens (T > 1) with MXFP4 weights, without redoing a row's decode for every tile of
@@ -734,17 +728,112 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
   }
 }
 
-// From this many tokens on, Mxfp4DotRows beats Mxfp4DotTile's decode in registers (measured on
-// Zen 5 with 64 k3-mini experts [512, 1024] in a batch, two threads: 1.2x at 8 tokens, 1.35x at
-// 64; at 2-6 tokens, where Mxfp4DotTile decodes a row once or twice, 0.4-0.75x).
-constexpr int64_t kMxfp4SplitMinTokens = 8;
+// Register tiles over tokens already split (SplitTokens' layout): MR tokens x NR rows, each
+// pair of blocks of the NR rows decoded into registers once and applied to all MR tokens, whose
+// even and odd halves are plain loads. A row's decode (~7 vector operations per pair of blocks)
+// is thus shared by up to 8 tokens (16 vdpbf16ps), which suits prefill experts with a few tokens
+// each (k3-mini, 256-token chunk: mostly 4-15). kPrefetch: the first tile over its rows, the one
+// that streams them from memory. The vdpbf16ps sequence of each output is Mxfp4DotTile's (even
+// half, odd half per pair in k order, then the odd block): the same bits.
+// 8 x 2: 16 accumulators + 4 decoded vectors + 2 token vectors + the decode's temporaries.
+constexpr int kMRs = 8, kNRs = 2;
+template <int MR, int NR, bool kPrefetch>
+ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT xs, int64_t N,
+                                                  int64_t K, const uint8_t* packed,
+                                                  const uint8_t* scale, int64_t n0,
+                                                  float* HWY_RESTRICT y, int64_t ldy) {
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const ScaledBf16Tables& tables = ScaledTables();
+  const PairIndex ix = MakePairIndex();
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= row_scales; b += 2) {
+    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    __m512bh we[NR], wo[NR];
+    for (int r = 0; r < NR; ++r)
+      DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
+                     we[r], wo[r]);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xe = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize);
+      const __m512bh xo = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize + 32);
+      for (int r = 0; r < NR; ++r) {
+        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xe, we[r]);
+        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xo, wo[r]);
+      }
+    }
+  }
+  if (b < row_scales) {
+    const __m512 values = _mm512_loadu_ps(kE2m1Values);
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r)
+      wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
+                              scale[(n0 + r) * row_scales + b], values);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize);
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+// Rows [row_begin, row_end) for the tn split tokens at xs (token rows t0.. of y) in
+// Mxfp4SplitTile tiles. Tokens in sub-blocks whose split values stay in L1 (16 KiB) while the
+// rows stream past; a sub-block in ceil(n / 8) tiles of near-equal size (9 tokens as 5 + 4, not
+// 8 + 1: a tile's accumulators are its independent vdpbf16ps chains), with 4 rows a tile when
+// the tiles hold at most 4 tokens and 2 rows otherwise (register budget).
+ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0, int64_t N,
+                                     int64_t K, const uint8_t* packed, const uint8_t* scale,
+                                     int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
+  const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2) / kMRs * kMRs);
+  const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
+    constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
+    float* yt = y + (t0 + t) * ldy + n;
+    if (t0 + t == 0) {
+      Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+    } else {
+      Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+    }
+  };
+  for (int64_t t1 = 0; t1 < tn; t1 += tl) {
+    const int64_t m = std::min(tl, tn - t1), tiles = (m + kMRs - 1) / kMRs;
+    const int64_t base = m / tiles, extra = m % tiles;  // the first `extra` tiles: base + 1
+    const auto rows = [&](auto nrc) {
+      constexpr int NR = decltype(nrc)::value;
+      for (int64_t n = row_begin; n < row_end; n += NR) {
+        const int nr = static_cast<int>(std::min<int64_t>(NR, row_end - n));
+        for (int64_t i = 0, t = t1; i < tiles; ++i) {
+          const int mr = static_cast<int>(base + (i < extra ? 1 : 0));
+          if constexpr (NR == kNRs) {
+            TileAny<NR, kMRs>(tile, t, n, mr, nr);
+          } else {
+            TileAny<NR, 4>(tile, t, n, mr, nr);
+          }
+          t += mr;
+        }
+      }
+    };
+    if (base + (extra > 0 ? 1 : 0) <= 4) {
+      rows(std::integral_constant<int, 4>());
+    } else {
+      rows(std::integral_constant<int, kNRs>());
+    }
+  }
+}
+
+// From this many tokens on, decoding a group of rows once into an L1 buffer for all the tokens
+// (DotBf16Tile over it) beats Mxfp4SplitTile's decode in registers once per 8 tokens.
+constexpr int64_t kMxfp4DecodeOnceMinTokens = 24;
 
 // Rows [row_begin, row_end) of y = x W^T for T > 1 bf16 tokens and MXFP4 weights (see above).
-// Tokens in blocks of at most 256 KiB of split values (L2-resident); per block, each group of kNR
-// rows is decoded once and applied to every register tile of the block's tokens.
-ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t K, const uint8_t* packed,
-                                   const uint8_t* scale, int64_t row_begin, int64_t row_end,
-                                   float* y, int64_t ldy) {
+// Tokens in blocks of at most 256 KiB of split values (L2-resident). Per block, fewer than
+// kMxfp4DecodeOnceMinTokens tokens run Mxfp4SplitTile; more decode each group of kNR rows once
+// and apply it to every register tile of the block's tokens.
+ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int64_t K,
+                                   const uint8_t* packed, const uint8_t* scale, int64_t row_begin,
+                                   int64_t row_end, float* y, int64_t ldy) {
   thread_local std::vector<uint16_t> xs_buf, wd_buf;  // grown once per thread, never shrunk
   const int64_t tb = std::max<int64_t>(kMR, (256 << 10) / (K * 2) / kMR * kMR);
   const int64_t tb_used = std::min(T, tb);
@@ -757,6 +846,10 @@ ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t K, cons
   for (int64_t t0 = 0; t0 < T; t0 += tb) {
     const int64_t tn = std::min(tb, T - t0);
     SplitTokens(x + t0 * K, tn, K, ix, xs);
+    if (tn < kMxfp4DecodeOnceMinTokens) {
+      Mxfp4SplitRows(xs, tn, t0, N, K, packed, scale, row_begin, row_end, y, ldy);
+      continue;
+    }
     for (int64_t n = row_begin; n < row_end; n += kNR) {
       const int nr = static_cast<int>(std::min<int64_t>(kNR, row_end - n));
       DecodeRowsBf16(packed, scale, K, n, nr, tables, ix, wd);
@@ -863,22 +956,15 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
 #if HWY_TARGET == HWY_AVX3
       if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotTile)
         const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
-        if (T >= kMxfp4SplitMinTokens) {
-          Mxfp4DotRows(xh, T, K, packed, j.scale, row_begin, row_end, y, ldy);
+        if (T > 1) {  // tokens split once, rows decoded once per tile of up to 8 tokens
+          Mxfp4DotRows(xh, T, N, K, packed, j.scale, row_begin, row_end, y, ldy);
           break;
         }
-        DriveRange<kMRq, kNRq>(
-            T, K, row_bytes, P, row_begin, row_end,
-            [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
-              constexpr int MR = decltype(mr)::value, NR = decltype(nr)::value;
-              const uint16_t* xt = xh + t * K;
-              float* yt = y + t * ldy + n;
-              if (t == 0) {
-                Mxfp4DotTile<MR, NR, true>(xt, N, K, packed, j.scale, n, yt, ldy);
-              } else {
-                Mxfp4DotTile<MR, NR, false>(xt, N, K, packed, j.scale, n, yt, ldy);
-              }
-            });
+        DriveRange<1, kNRq>(1, K, row_bytes, P, row_begin, row_end,
+                            [&](auto, auto nr, int64_t, int64_t n, int64_t /*rs = 1*/) {
+                              Mxfp4DotTile<decltype(nr)::value>(xh, N, K, packed, j.scale, n,
+                                                                y + n);
+                            });
         break;
       }
 #endif

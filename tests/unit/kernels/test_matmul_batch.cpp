@@ -392,72 +392,74 @@ TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
   set_parallel_threads(saved);
 }
 
-// An MXFP4 job given its input as bf16 (xh): within the dot-product bound of the scalar twin, the
-// same bits for a token whether it runs alone (decode) or inside a T > 1 job, for any thread
-// count; NaN and infinite scaled weights propagate as in the reference.
 // bf16 tokens with MXFP4 weights: within the error bound of the scalar reference (NaN and inf
 // blocks propagate), thread-count invariant, and every token's row bitwise the row a T = 1 call
-// gives, at token counts that take the register-decode tiles (5) and the decoded-rows path (8,
-// 13, and 460: more than one block of tokens at this K); K = 288 has an odd last block and
-// N = 37 is off every row group.
+// gives, at token counts that take each path of the kernel: register tiles of 4 rows (2-4
+// tokens), of 2 rows in one tile (5, 8) or in balanced tiles (9 = 5 + 4, 13, 17, 23), more than
+// one L1 sub-block of tokens (17 and 23 at K = 1056), and the decoded-rows path (24, and 460:
+// more than one block of tokens). K = 288 and 1056 have an odd last block; N = 37 is off every
+// row group.
 TEST(MatmulBatch, Bf16InputMxfp4Jobs) {
   const int saved = parallel_threads();
-  constexpr int64_t Tmax = 460, K = 288, N = 37;
-  std::mt19937 rng(10);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(0, 255), sc(118, 130);
-  std::vector<float> x(Tmax * K);
-  std::vector<bf16> xh(Tmax * K);
-  for (float& v : x) v = round_bf16(nd(rng));
-  ASSERT_TRUE(bf16_exact_copy(x.data(), Tmax * K, xh.data()));
-  std::vector<uint8_t> packed(N * K / 2), scale(N * K / 32);
-  for (uint8_t& b : packed) b = static_cast<uint8_t>(byte(rng));
-  for (uint8_t& b : scale) b = static_cast<uint8_t>(sc(rng));
-  scale[3 * (K / 32) + 1] = 255;  // row 3: a NaN block
-  scale[5 * (K / 32) + 2] = 254;  // row 5: 2^127 times codes up to 6 -> inf (or -inf, or 0 * inf)
-  std::vector<float> ref(Tmax * N);
-  mxfp4_matmul_ref(x.data(), Tmax, packed.data(), scale.data(), N, K, ref.data());
-  std::vector<double> mag(Tmax * N, 0.0);  // sum_k |x w| per output
-  for (int64_t t = 0; t < Tmax; ++t)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k)
-        mag[t * N + n] += std::fabs(
-            x[t * K + k] * mxfp4_get(packed.data() + n * (K / 2), scale.data() + n * (K / 32), k));
-  for_each_target([&] {
-    for (int64_t T : {5, 8, 13, 460}) {
-      SCOPED_TRACE("T " + std::to_string(T));
-      std::vector<float> first;
-      for (int threads : {1, 2, 3}) {
-        set_parallel_threads(threads);
-        std::vector<float> y(T * N, -1.0f), y1(T * N, -1.0f);
-        std::vector<MatmulJob> jobs = {
-            mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data())};
-        jobs[0].xh = xh.data();
-        for (int64_t t = 0; t < T; ++t) {
-          jobs.push_back(
-              mxfp4_job(x.data() + t * K, 1, packed.data(), scale.data(), N, K, y1.data() + t * N));
-          jobs.back().xh = xh.data() + t * K;
-        }
-        matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
-        ASSERT_EQ(0, std::memcmp(y1.data(), y.data(), y.size() * sizeof(float))) << threads;
-        if (first.empty()) first = y;
-        ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float))) << threads;
-        if (threads > 1) continue;
-        for (int64_t t = 0; t < T; ++t) {
-          for (int64_t n = 0; n < N; ++n) {
-            const float a = y[t * N + n], r = ref[t * N + n];
-            if (std::isnan(r) || std::isinf(r)) {
-              EXPECT_TRUE(std::isnan(a) || a == r) << t << "," << n << " " << a << " vs " << r;
-              continue;
+  constexpr int64_t Tmax = 460, N = 37;
+  for (const int64_t K : {int64_t{288}, int64_t{1056}}) {
+    SCOPED_TRACE("K " + std::to_string(K));
+    std::mt19937 rng(10);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255), sc(118, 130);
+    std::vector<float> x(Tmax * K);
+    std::vector<bf16> xh(Tmax * K);
+    for (float& v : x) v = round_bf16(nd(rng));
+    ASSERT_TRUE(bf16_exact_copy(x.data(), Tmax * K, xh.data()));
+    std::vector<uint8_t> packed(N * K / 2), scale(N * K / 32);
+    for (uint8_t& b : packed) b = static_cast<uint8_t>(byte(rng));
+    for (uint8_t& b : scale) b = static_cast<uint8_t>(sc(rng));
+    scale[3 * (K / 32) + 1] = 255;  // row 3: a NaN block
+    scale[5 * (K / 32) + 2] = 254;  // row 5: 2^127 times codes up to 6 -> inf (or -inf, or 0 * inf)
+    std::vector<float> ref(Tmax * N);
+    mxfp4_matmul_ref(x.data(), Tmax, packed.data(), scale.data(), N, K, ref.data());
+    std::vector<double> mag(Tmax * N, 0.0);  // sum_k |x w| per output
+    for (int64_t t = 0; t < Tmax; ++t)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          mag[t * N + n] += std::fabs(x[t * K + k] * mxfp4_get(packed.data() + n * (K / 2),
+                                                               scale.data() + n * (K / 32), k));
+    for_each_target([&] {
+      for (int64_t T : {2, 3, 4, 5, 8, 9, 13, 17, 23, 24, 460}) {
+        SCOPED_TRACE("T " + std::to_string(T));
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+          set_parallel_threads(threads);
+          std::vector<float> y(T * N, -1.0f), y1(T * N, -1.0f);
+          std::vector<MatmulJob> jobs = {
+              mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data())};
+          jobs[0].xh = xh.data();
+          for (int64_t t = 0; t < T; ++t) {
+            jobs.push_back(mxfp4_job(x.data() + t * K, 1, packed.data(), scale.data(), N, K,
+                                     y1.data() + t * N));
+            jobs.back().xh = xh.data() + t * K;
+          }
+          matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
+          ASSERT_EQ(0, std::memcmp(y1.data(), y.data(), y.size() * sizeof(float))) << threads;
+          if (first.empty()) first = y;
+          ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float))) << threads;
+          if (threads > 1) continue;
+          for (int64_t t = 0; t < T; ++t) {
+            for (int64_t n = 0; n < N; ++n) {
+              const float a = y[t * N + n], r = ref[t * N + n];
+              if (std::isnan(r) || std::isinf(r)) {
+                EXPECT_TRUE(std::isnan(a) || a == r) << t << "," << n << " " << a << " vs " << r;
+                continue;
+              }
+              // Both sum K exact products in f32: |a - r| <= 2 K u sum |x w|.
+              EXPECT_LE(std::fabs(a - r), 2.0 * K * 0x1p-24 * mag[t * N + n] + 1e-30)
+                  << t << "," << n;
             }
-            // Both sum K exact products in f32: |a - r| <= 2 K u sum |x w|.
-            EXPECT_LE(std::fabs(a - r), 2.0 * K * 0x1p-24 * mag[t * N + n] + 1e-30)
-                << t << "," << n;
           }
         }
       }
-    }
-  });
+    });
+  }
   set_parallel_threads(saved);
 }
 
