@@ -18,9 +18,11 @@
 #include <cstring>
 
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 #include "kernels/router.h"
 #include "model/blocks.h"
 #include "model/projection.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
@@ -67,6 +69,7 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   int64_t* count = arena.take<int64_t>(E + 1);
   int64_t* fill = arena.take<int64_t>(E);
   int64_t* slot_of = arena.take<int64_t>(S * K);  // grouped position -> flat (t * K + s)
+  int64_t* pos_of = arena.take<int64_t>(S * K);   // flat - base -> grouped position
   float* zg = arena.take<float>(S * K * r);       // [S*K, r] gathered inputs, grouped by expert
   float* h1 = arena.take<float>(S * K * Il);      // [S*K, I] (this rank's I)
   float* h3 = arena.take<float>(S * K * Il);      // [S*K, I]
@@ -81,9 +84,14 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
     for (int64_t i = 0; i < ts * K; ++i) ++count[ids[base + i] + 1];
     for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
     std::copy(count, count + E, fill);
-    for (int64_t i = 0; i < ts * K; ++i) slot_of[fill[ids[base + i]]++] = base + i;
-    for (int64_t g = 0; g < ts * K; ++g)
-      std::memcpy(zg + g * r, z + slot_of[g] / K * r, sizeof(float) * static_cast<size_t>(r));
+    for (int64_t i = 0; i < ts * K; ++i) {
+      pos_of[i] = fill[ids[base + i]]++;
+      slot_of[pos_of[i]] = base + i;
+    }
+    parallel_ranges(ts * K, ts * K * r > kParallelMinWork, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        std::memcpy(zg + g * r, z + slot_of[g] / K * r, sizeof(float) * static_cast<size_t>(r));
+    });
     // w1 and w3 of every chosen expert in one batch, then w2 of every chosen expert.
     int64_t nj = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -113,12 +121,19 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
             expert_job(hall + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * rl);
     }
     project_batch(pj, jobs, nj);
-    for (int64_t g = 0; g < ts * K; ++g) {
-      const int64_t flat = slot_of[g], t = flat / K;
-      const float wt = wts[flat];
-      float* yt = y + t * r + es.r.begin;
-      for (int64_t i = 0; i < rl; ++i) yt[i] += wt * eo[g * rl + i];
-    }
+    // Each token's weighted expert outputs, added in grouped (expert index) order: its grouped
+    // positions sorted ascending.
+    for (int64_t t = 0; t < ts; ++t) std::sort(pos_of + t * K, pos_of + (t + 1) * K);
+    parallel_ranges(ts, ts * K * rl > kParallelMinWork, [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        float* yt = y + (t0 + t) * r + es.r.begin;
+        for (int64_t s = 0; s < K; ++s) {
+          const int64_t g = pos_of[t * K + s];
+          const float wt = wts[slot_of[g]];
+          for (int64_t i = 0; i < rl; ++i) yt[i] += wt * eo[g * rl + i];
+        }
+      }
+    });
   }
   if (!extra_sent) tp.gather({extra});
 }
@@ -209,17 +224,19 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
     project_batch(pj, &shared_down, 1);
   }
   // out = routed + shared on this rank's columns, then every rank's columns.
-  for (int64_t t = 0; t < T; ++t) {
-    float* o = out + t * d;
-    const float* ro_t = routed + t * d;
-    if (m.shared) {
-      const float* s_t = sh + t * d;
-      for (int64_t i = dr.begin; i < dr.end; ++i) o[i] = ro_t[i] + s_t[i];
-    } else {
-      std::memcpy(o + dr.begin, ro_t + dr.begin, sizeof(float) * static_cast<size_t>(dr.size()));
+  parallel_ranges(T, T * dr.size() > kParallelMinWork, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      float* o = out + t * d;
+      const float* ro_t = routed + t * d;
+      if (m.shared) {
+        const float* s_t = sh + t * d;
+        for (int64_t i = dr.begin; i < dr.end; ++i) o[i] = ro_t[i] + s_t[i];
+      } else {
+        std::memcpy(o + dr.begin, ro_t + dr.begin, sizeof(float) * static_cast<size_t>(dr.size()));
+      }
+      round_to_bf16(o + dr.begin, dr.size(), bf16);
     }
-    round_to_bf16(o + dr.begin, dr.size(), bf16);
-  }
+  });
   tp.gather({part(out, T, d, 1, bf16)});
 }
 

@@ -1,9 +1,13 @@
 #include "model/projection.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "kernels/activation.h"
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
+#include "util/parallel.h"
 
 namespace attnres {
 
@@ -14,18 +18,57 @@ Proj make_proj(const ForwardOptions& opt, Arena& arena) {
 
 namespace {
 
-// Sets xh on the BF16 and MXFP4 jobs (one copy per distinct input of the batch).
+// Sets xh on the BF16 and MXFP4 jobs: one exact bf16 copy per run of adjacent jobs with the same
+// input (the blocks put the jobs that share an input next to each other), the copies made in
+// parallel in chunks of kCopyChunk elements. A copy is attached only where every value of the
+// input was exact (bf16_exact_copy), whichever threads copied its chunks.
+constexpr int64_t kCopyChunk = int64_t{1} << 14;
+
 void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
   if (!pj.dot) return;
+  struct Copy {
+    int64_t job, elements, chunk0;  // first job of the run, T * K, its first chunk
+    bf16* out;
+  };
+  Copy* copies = pj.arena.take<Copy>(n);
+  int64_t* copy_of = pj.arena.take<int64_t>(n);  // job -> its copy, -1: none
+  int64_t nc = 0, chunks = 0, elements = 0;
   for (int64_t i = 0; i < n; ++i) {
-    MatmulJob& j = jobs[i];
+    const MatmulJob& j = jobs[i];
+    copy_of[i] = -1;
     if (j.kind == WeightKind::kF32 || j.T <= 0 || j.xh != nullptr) continue;
-    for (int64_t p = 0; p < i && j.xh == nullptr; ++p)
-      if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].K == j.K) j.xh = jobs[p].xh;
-    if (j.xh != nullptr) continue;
-    bf16* xh = pj.arena.take<bf16>(j.T * j.K);  // [T, K]
-    if (bf16_exact_copy(j.x, j.T * j.K, xh)) j.xh = xh;
+    if (nc > 0) {
+      const MatmulJob& p = jobs[copies[nc - 1].job];
+      if (p.x == j.x && p.T == j.T && p.K == j.K) {  // same run: shares the copy
+        copy_of[i] = nc - 1;
+        continue;
+      }
+    }
+    copy_of[i] = nc;
+    const int64_t e = j.T * j.K;
+    copies[nc++] = Copy{i, e, chunks, pj.arena.take<bf16>(e)};
+    chunks += (e + kCopyChunk - 1) / kCopyChunk;
+    elements += e;
   }
+  if (nc == 0) return;
+  uint8_t* inexact = pj.arena.take<uint8_t>(nc);
+  std::fill(inexact, inexact + nc, uint8_t{0});
+  parallel_ranges(chunks, elements > kParallelMinWork, [&](int64_t c0, int64_t c1) {
+    // The copy holding chunk c0, then onwards.
+    int64_t ci = std::upper_bound(copies, copies + nc, c0,
+                                  [](int64_t c, const Copy& k) { return c < k.chunk0; }) -
+                 copies - 1;
+    for (int64_t c = c0; c < c1; ++c) {
+      while (ci + 1 < nc && copies[ci + 1].chunk0 <= c) ++ci;
+      const Copy& k = copies[ci];
+      const int64_t begin = (c - k.chunk0) * kCopyChunk;
+      const int64_t len = std::min(kCopyChunk, k.elements - begin);
+      if (!bf16_exact_copy(jobs[k.job].x + begin, len, k.out + begin))
+        std::atomic_ref<uint8_t>(inexact[ci]).store(1, std::memory_order_relaxed);
+    }
+  });
+  for (int64_t i = 0; i < n; ++i)
+    if (copy_of[i] >= 0 && inexact[copy_of[i]] == 0) jobs[i].xh = copies[copy_of[i]].out;
 }
 
 void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double seconds) {
