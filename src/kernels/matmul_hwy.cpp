@@ -508,6 +508,50 @@ ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16Tail(const uint16_t* p, int64_t n) 
   return reinterpret_cast<__m512bh>(_mm512_load_si512(buf));
 }
 
+// The lane sums of four accumulators, [sum a, sum b, sum c, sum d], each with exactly
+// _mm512_reduce_add_ps's tree (GCC's: the 256-bit halves added, then the 128-bit quarters of
+// that, then elements j and j + 2, then the last two), so the same bits (float addition is
+// commutative; the pairs are the same). Four reductions share the shuffles and adds of their
+// last three levels: 20 operations of at most 256 bits instead of 32.
+ATTNRES_BF16_DOT HWY_INLINE __m128 ReduceAdd4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const auto half = [](__m512 v) {  // elements j + 8 and j
+    return _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+  };
+  const __m256 ha = half(a), hb = half(b), hc = half(c), hd = half(d);
+  // [a | b] and [c | d], each quarter: elements j + 4 and j of the halves.
+  const __m256 ab =
+      _mm256_add_ps(_mm256_permute2f128_ps(ha, hb, 0x31), _mm256_permute2f128_ps(ha, hb, 0x20));
+  const __m256 cd =
+      _mm256_add_ps(_mm256_permute2f128_ps(hc, hd, 0x31), _mm256_permute2f128_ps(hc, hd, 0x20));
+  // Low quarter [a0 + a2, a1 + a3, c0 + c2, c1 + c3], high quarter the same for b and d.
+  const __m256 pairs =
+      _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+  // Elements 0 and 1 added (into both): [a, a, c, c | b, b, d, d].
+  const __m256 sums = _mm256_add_ps(pairs, _mm256_shuffle_ps(pairs, pairs, 0xB1));
+  return _mm256_castps256_ps128(
+      _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
+}
+
+// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. With consecutive
+// rows (rs = 1) and an even NR, tokens and rows in pairs through ReduceAdd4: [y(m, r),
+// y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two; the rest one by one.
+template <int MR, int NR>
+ATTNRES_BF16_DOT HWY_INLINE void StoreTileSums(const __m512 (&acc)[MR][NR], float* HWY_RESTRICT y,
+                                               int64_t ldy, int64_t rs) {
+  int m = 0;
+  if (NR % 2 == 0 && rs == 1) {
+    for (; m + 2 <= MR; m += 2) {
+      for (int r = 0; r + 2 <= NR; r += 2) {
+        const __m128 s = ReduceAdd4(acc[m][r], acc[m][r + 1], acc[m + 1][r], acc[m + 1][r + 1]);
+        _mm_storel_pi(reinterpret_cast<__m64*>(y + m * ldy + r), s);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(y + (m + 1) * ldy + r), s);
+      }
+    }
+  }
+  for (; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                                const uint16_t* HWY_RESTRICT w, int64_t N,
@@ -536,8 +580,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, i
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = _mm512_reduce_add_ps(acc[m][r]);
+  StoreTileSums<MR, NR>(acc, y, ldy, rs);
 }
 
 // bf16 tokens with MXFP4 weights, two 32-element blocks (b, b + 1) of a row at a time: the 16
@@ -775,8 +818,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+  StoreTileSums<MR, NR>(acc, y, ldy, 1);
 }
 
 // Rows [row_begin, row_end) for the tn split tokens at xs (token rows t0.. of y) in
