@@ -682,53 +682,13 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodePairBf16(const uint8_t* HWY_RESTRICT pack
   wo = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(io, table));
 }
 
-// One token (decode) against NR rows streamed from memory (prefetched ahead): the token's pair
-// of blocks is split once per step for the NR rows.
-template <int NR>
-ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4DotTile(const uint16_t* HWY_RESTRICT x, int64_t N,
-                                                int64_t K, const uint8_t* packed,
-                                                const uint8_t* scale, int64_t n0,
-                                                float* HWY_RESTRICT y) {
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
-  const __m512 values = _mm512_loadu_ps(kE2m1Values);
-  const ScaledBf16Tables& tables = ScaledTables();
-  const PairIndex ix = MakePairIndex();
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= row_scales; b += 2) {
-    // b is even: the prefetch's line boundaries (every 4th block, every 64th scale) fall on b,
-    // never on b + 1.
-    Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
-    __m512bh we[NR], wo[NR];
-    for (int r = 0; r < NR; ++r)
-      DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
-                     we[r], wo[r]);
-    __m512bh xe, xo;
-    SplitTokenPair(x + b * kMxfp4BlockSize, ix, xe, xo);
-    for (int r = 0; r < NR; ++r) {
-      acc[r] = _mm512_dpbf16_ps(acc[r], xe, we[r]);
-      acc[r] = _mm512_dpbf16_ps(acc[r], xo, wo[r]);
-    }
-  }
-  if (b < row_scales) {
-    const __m512bh xv = LoadBf16x32(x + b * kMxfp4BlockSize);
-    for (int r = 0; r < NR; ++r) {
-      const __m512bh wv = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
-                                          scale[(n0 + r) * row_scales + b], values);
-      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
-    }
-  }
-  for (int r = 0; r < NR; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
-}
-
-// Several tokens (T > 1) with MXFP4 weights, without redoing a row's decode for every tile of
-// tokens: the tokens are split once into the even/odd layout Mxfp4DotTile builds per step (a
-// pair of blocks at words 32b..32b+63: its 32 even then its 32 odd elements; an odd last block
-// as it is), a group of weight rows is decoded once per block of tokens into the same layout,
-// and DotBf16Tile runs over the two: its 32-word steps are exactly Mxfp4DotTile's vdpbf16ps
-// sequence (even half, odd half, per pair in k order, then the odd block) on the same values,
-// so every output has the same bits as in Mxfp4DotTile (and in a T = 1 call).
+// bf16 tokens with MXFP4 weights, any T: the tokens are split once into the even/odd layout
+// (a pair of blocks at words 32b..32b+63: its 32 even then its 32 odd elements, as
+// SplitTokenPair gives them; an odd last block as it is), so every output is the vdpbf16ps
+// sequence even half, odd half per pair of blocks in k order, then the odd block, on the
+// decoded weights in the same layout (DecodePairBf16, DecodeBlockBf16): the same bits whichever
+// tile or path (Mxfp4SplitTile, or DotBf16Tile over rows decoded into a buffer) computes it, for
+// a token alone (decode) as inside a prefill.
 ATTNRES_BF16_DOT HWY_INLINE void SplitTokens(const uint16_t* HWY_RESTRICT x, int64_t T, int64_t K,
                                              const PairIndex& ix, uint16_t* HWY_RESTRICT out) {
   const int64_t blocks = K / kMxfp4BlockSize;
@@ -775,9 +735,8 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // pair of blocks of the NR rows decoded into registers once and applied to all MR tokens, whose
 // even and odd halves are plain loads. A row's decode (~7 vector operations per pair of blocks)
 // is thus shared by up to 8 tokens (16 vdpbf16ps), which suits prefill experts with a few tokens
-// each (k3-mini, 256-token chunk: mostly 4-15). kPrefetch: the first tile over its rows, the one
-// that streams them from memory. The vdpbf16ps sequence of each output is Mxfp4DotTile's (even
-// half, odd half per pair in k order, then the odd block): the same bits.
+// each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. kPrefetch: the first
+// tile over its rows, the one that streams them from memory.
 // 8 x 2: 16 accumulators + 4 decoded vectors + 2 token vectors + the decode's temporaries.
 constexpr int kMRs = 8, kNRs = 2;
 template <int MR, int NR, bool kPrefetch>
@@ -871,7 +830,7 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
 // 24 tokens 0.60 against 0.53, 32 tokens 0.64 against 0.52).
 constexpr int64_t kMxfp4DecodeOnceMinTokens = 24;
 
-// Rows [row_begin, row_end) of y = x W^T for T > 1 bf16 tokens and MXFP4 weights (see above).
+// Rows [row_begin, row_end) of y = x W^T for bf16 tokens and MXFP4 weights (see above).
 // Tokens in blocks of at most 256 KiB of split values (L2-resident). Per block, fewer than
 // kMxfp4DecodeOnceMinTokens tokens run Mxfp4SplitTile; more decode each group of kNR rows once
 // and apply it to every register tile of the block's tokens.
@@ -998,17 +957,9 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
     case WeightKind::kMxfp4: {
       const auto* packed = static_cast<const uint8_t*>(j.w);
 #if HWY_TARGET == HWY_AVX3
-      if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotTile)
-        const auto* xh = reinterpret_cast<const uint16_t*>(j.xh);
-        if (T > 1) {  // tokens split once, rows decoded once per tile of up to 8 tokens
-          Mxfp4DotRows(xh, T, N, K, packed, j.scale, row_begin, row_end, y, ldy);
-          break;
-        }
-        DriveRange<1, kNRq>(1, K, row_bytes, P, row_begin, row_end,
-                            [&](auto, auto nr, int64_t, int64_t n, int64_t /*rs = 1*/) {
-                              Mxfp4DotTile<decltype(nr)::value>(xh, N, K, packed, j.scale, n,
-                                                                y + n);
-                            });
+      if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotRows)
+        Mxfp4DotRows(reinterpret_cast<const uint16_t*>(j.xh), T, N, K, packed, j.scale, row_begin,
+                     row_end, y, ldy);
         break;
       }
 #endif
