@@ -801,25 +801,23 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
   for (int64_t t1 = 0; t1 < tn; t1 += tl) {
     const int64_t m = std::min(tl, tn - t1), tiles = (m + kMRs - 1) / kMRs;
     const int64_t base = m / tiles, extra = m % tiles;  // the first `extra` tiles: base + 1
-    const auto rows = [&](auto nrc) {
-      constexpr int NR = decltype(nrc)::value;
+    // Tiles of NR rows and at most MRmax tokens (compile-time tile sizes).
+    const auto rows = [&](auto nrc, auto mr_max) {
+      constexpr int NR = decltype(nrc)::value, MRmax = decltype(mr_max)::value;
       for (int64_t n = row_begin; n < row_end; n += NR) {
         const int nr = static_cast<int>(std::min<int64_t>(NR, row_end - n));
         for (int64_t i = 0, t = t1; i < tiles; ++i) {
           const int mr = static_cast<int>(base + (i < extra ? 1 : 0));
-          if constexpr (NR == kNRs) {
-            TileAny<NR, kMRs>(tile, t, n, mr, nr);
-          } else {
-            TileAny<NR, 4>(tile, t, n, mr, nr);
-          }
+          TileAny<NR, MRmax>(tile, t, n, mr, nr);
           t += mr;
         }
       }
     };
-    if (base + (extra > 0 ? 1 : 0) <= 4) {
-      rows(std::integral_constant<int, 4>());
+    using Four = std::integral_constant<int, 4>;
+    if ((m + tiles - 1) / tiles <= 4) {  // the largest tile
+      rows(Four(), Four());
     } else {
-      rows(std::integral_constant<int, kNRs>());
+      rows(std::integral_constant<int, kNRs>(), std::integral_constant<int, kMRs>());
     }
   }
 }

@@ -163,13 +163,16 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
 // Seconds of read passes after each repetition (the sustained-read figure).
 constexpr double kSustainedReadSeconds = 0.5;
 
-// The better of two probes of the same machine, field by field.
+// The better of two probes of the same machine (bandwidth field by field).
 MemoryBandwidth best_of(const MemoryBandwidth& x, const MemoryBandwidth& y) {
   MemoryBandwidth b = x;
   b.read_gb_s = std::max(x.read_gb_s, y.read_gb_s);
   b.copy_gb_s = std::max(x.copy_gb_s, y.copy_gb_s);
   b.triad_gb_s = std::max(x.triad_gb_s, y.triad_gb_s);
   return b;
+}
+const ComputePeak& best_of(const ComputePeak& x, const ComputePeak& y) {
+  return y.gflop_s > x.gflop_s ? y : x;
 }
 
 int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const EngineOptions& eo,
@@ -211,7 +214,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   // Likewise the compute peak: a probe during which the OS ran other work on one of our cores
   // reads low (about half, on two threads) and would flatter the prefill.
   const ComputePeak peak_after = measure_compute_peak(eo.activation == ActivationType::kBF16);
-  const ComputePeak& peak = peak_after.gflop_s > peak_before.gflop_s ? peak_after : peak_before;
+  const ComputePeak& peak = best_of(peak_before, peak_after);
   const int64_t cache_elem = a.model.dtype == "f32" ? 4 : 2;
   const int64_t weight_bpt = decode_weight_bytes_per_token(*model);
   const int64_t state_bpt =
