@@ -424,6 +424,8 @@ void BM_GemvBf16Act(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvBf16Act)
     ->ArgNames({"N", "K"})
+    ->Args({1024, 1024})
+    ->Args({8192, 1024})
     ->Args({2048, 2048})
     ->Args({8192, 2048})
     ->Args({4096, 7168})
