@@ -77,6 +77,7 @@ struct ModelInfo {
   int64_t hidden_size = 0;
   int64_t bytes_mapped = 0;
   int64_t bytes_in_memory = 0;  // weights read into private memory (see ModelLoadOptions::mmap)
+  int64_t bytes_in_memory_huge = 0;  // of those, on transparent huge pages right after the load
   int64_t tensors_bound = 0;
   int64_t weight_bytes = 0;           // bytes of every bound tensor
   int ranks = 1;                      // processes sharing the model (tensor parallelism)

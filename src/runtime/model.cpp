@@ -8,6 +8,7 @@
 #include "parallel/comm.h"
 #include "runtime/follower.h"
 #include "tokenizer/tokenizer.h"
+#include "util/memory.h"
 
 namespace attnres {
 
@@ -109,13 +110,17 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
                     "the ranks loaded different models (shape or tensor sizes differ; this is " +
                         rank_prefix(*group) + o.dir + "): give every rank the same --model");
   }
+  const int64_t huge =
+      w.private_memory ? static_cast<int64_t>(w.private_memory->huge_page_bytes()) : 0;
   if (o.progress) {
-    char line[256];
+    char line[512];
     std::snprintf(
-        line, sizeof line, "loaded %s: %lld tensors (%.2f GB), %.2f GB read into memory, in %.2f s",
+        line, sizeof line,
+        "loaded %s: %lld tensors (%.2f GB), %.2f GB read into memory (%.2f GB of it on "
+        "huge pages), in %.2f s",
         o.dir.c_str(), static_cast<long long>(w.report.tensors_bound),
         static_cast<double>(bound) / 1e9, static_cast<double>(w.report.bytes_private) / 1e9,
-        std::chrono::duration<double>(Clock::now() - t0).count());
+        static_cast<double>(huge) / 1e9, std::chrono::duration<double>(Clock::now() - t0).count());
     o.progress(line);
   }
   ModelInfo& info = m->impl_->info;
@@ -126,6 +131,7 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
   info.hidden_size = w.config.hidden_size;
   info.bytes_mapped = w.report.bytes_mapped;
   info.bytes_in_memory = w.report.bytes_private;
+  info.bytes_in_memory_huge = huge;
   info.tensors_bound = w.report.tensors_bound;
   info.weight_bytes = bound;
   info.ranks = shard.ranks;

@@ -3,8 +3,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <charconv>
+#include <fstream>
 #include <functional>
 #include <new>
+#include <sstream>
+#include <string>
 
 namespace attnres {
 namespace {
@@ -50,12 +54,72 @@ size_t WeightMemory::bytes_used() const {
   return n;
 }
 
+size_t WeightMemory::huge_page_bytes() const {
+  if (chunks_.empty()) return 0;
+  std::ifstream in("/proc/self/smaps");
+  if (!in) return 0;
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::vector<AddressRange> ranges;
+  for (const Chunk& c : chunks_)
+    ranges.push_back(
+        {reinterpret_cast<uintptr_t>(c.base), reinterpret_cast<uintptr_t>(c.base) + c.size});
+  return smaps_field_bytes(text.str(), ranges, "AnonHugePages");
+}
+
 bool WeightMemory::contains(const void* p, size_t bytes) const {
   const auto* b = static_cast<const std::byte*>(p);
   for (const Chunk& c : chunks_)
     if (std::greater_equal<>()(b, c.base) && std::less_equal<>()(b + bytes, c.base + c.used))
       return true;
   return false;
+}
+
+std::string thp_setting() {
+  std::ifstream in(kThpEnabledPath);
+  std::string line;
+  if (!in || !std::getline(in, line)) return "unreadable";
+  const size_t open = line.find('['), close = line.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return line;
+  return line.substr(open + 1, close - open - 1);
+}
+
+size_t smaps_field_bytes(std::string_view smaps, std::span<const AddressRange> ranges,
+                         std::string_view field) {
+  const auto parse_hex = [](std::string_view s, uintptr_t& v) {
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+    return ec == std::errc() && p == s.data() + s.size();
+  };
+  size_t total = 0;
+  size_t overlap = 0;  // of the current mapping with `ranges`
+  while (!smaps.empty()) {
+    const size_t eol = smaps.find('\n');
+    const std::string_view line = smaps.substr(0, eol);
+    smaps.remove_prefix(eol == std::string_view::npos ? smaps.size() : eol + 1);
+    // A mapping's header: "begin-end perms offset dev inode [path]"; its fields follow it.
+    const size_t dash = line.find('-'), space = line.find(' ');
+    uintptr_t begin = 0, end = 0;
+    if (dash != std::string_view::npos && space != std::string_view::npos && dash < space &&
+        parse_hex(line.substr(0, dash), begin) &&
+        parse_hex(line.substr(dash + 1, space - dash - 1), end)) {
+      overlap = 0;
+      for (const AddressRange& r : ranges) {
+        const uintptr_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+        if (lo < hi) overlap += hi - lo;
+      }
+      continue;
+    }
+    if (overlap == 0 || line.size() <= field.size() || line.substr(0, field.size()) != field ||
+        line[field.size()] != ':')
+      continue;
+    std::string_view value = line.substr(field.size() + 1);
+    while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+    size_t kb = 0;
+    const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), kb);
+    if (ec != std::errc() || std::string_view(p, value.data() + value.size()) != " kB") continue;
+    total += std::min(kb * 1024, overlap);
+  }
+  return total;
 }
 
 }  // namespace attnres

@@ -10,8 +10,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace attnres {
@@ -46,6 +50,11 @@ class WeightMemory {
   // Whether [p, p + bytes) lies inside one allocation's chunk.
   bool contains(const void* p, size_t bytes) const;
   size_t bytes_used() const;  // allocated, with each allocation's padding to 64 bytes
+  // Bytes of these chunks the kernel backs with transparent huge pages now (AnonHugePages in
+  // /proc/self/smaps); 0 where that file cannot be read. Without them (THP "never", or no free
+  // 2 MiB pages when the weights were read) the MXFP4 experts decode 1.3-4x more slowly
+  // (README, "Weights in memory").
+  size_t huge_page_bytes() const;
 
  private:
   struct Chunk {
@@ -54,5 +63,28 @@ class WeightMemory {
   };
   std::vector<Chunk> chunks_;
 };
+
+// An address range [begin, end).
+struct AddressRange {
+  uintptr_t begin, end;
+};
+
+// The sum of `field` (a "Name:   N kB" line, e.g. "AnonHugePages") over the mappings of a
+// /proc/PID/smaps text that overlap `ranges`, in bytes; a mapping that only partly overlaps
+// counts at most its overlap.
+size_t smaps_field_bytes(std::string_view smaps, std::span<const AddressRange> ranges,
+                         std::string_view field);
+
+// The system's transparent huge page mode: the bracketed word of kThpEnabledPath ("always",
+// "madvise", "never"), or "unreadable".
+inline constexpr const char* kThpEnabledPath = "/sys/kernel/mm/transparent_hugepage/enabled";
+std::string thp_setting();
+
+// Whether weights read into memory are worth a warning for their pages: at least 256 MiB of
+// them (a small model's tensors may all sit in partly used 2 MiB ranges, which stay 4 KiB pages)
+// and under half on huge pages.
+inline bool few_huge_pages(int64_t bytes_in_memory, int64_t huge_page_bytes) {
+  return bytes_in_memory >= (int64_t{256} << 20) && 2 * huge_page_bytes < bytes_in_memory;
+}
 
 }  // namespace attnres

@@ -288,6 +288,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"mxfp4_proj_gb_s", mxfp4_gb_s_med},
       {"mxfp4_proj_roofline_fraction", mxfp4_gb_s_med / stream.read_gb_s},
       {"peak_rss_bytes", peak_rss},
+      {"weights_in_memory_bytes", info.bytes_in_memory},
+      {"weights_huge_page_bytes", info.bytes_in_memory_huge},
   };
   if (a.json) {
     std::cout << j.dump(2) << "\n";
@@ -340,6 +342,12 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
         static_cast<double>(info.rank_weight_bytes) / 1e6,
         static_cast<double>(info.rank_replicated_bytes) / 1e6);
   std::printf("peak RSS       %.2f GB (rank 0)\n", static_cast<double>(peak_rss) / 1e9);
+  if (info.bytes_in_memory > 0)
+    std::printf("weight pages   %.2f of %.2f GB in memory on transparent huge pages (rank 0)\n",
+                static_cast<double>(info.bytes_in_memory_huge) / 1e9,
+                static_cast<double>(info.bytes_in_memory) / 1e9);
+  else
+    std::printf("weight pages   the file mapping (--mmap): 4 KiB pages\n");
   return 0;
 }
 

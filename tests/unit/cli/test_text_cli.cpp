@@ -194,6 +194,13 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
     EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
     EXPECT_LT(j.at(key).get<double>(), 1.0) << key;
   }
+  // The weights were read into memory (no --mmap), into one chunk for the tiny model: its huge
+  // pages hold them and at most the rest of the last 2 MiB page they touch.
+  const int64_t in_memory = j["weights_in_memory_bytes"].get<int64_t>();
+  const int64_t huge = j["weights_huge_page_bytes"].get<int64_t>();
+  EXPECT_GT(in_memory, 0);
+  EXPECT_GE(huge, 0);
+  EXPECT_LE(huge, in_memory + (int64_t{2} << 20));
 }
 
 TEST_F(TextCli, BenchBadArgumentsAreErrors) {
