@@ -178,6 +178,9 @@ void linger_close(int fd) {
   }
 }
 
+// How long a connection beyond HttpOptions::max_connections waits for its request (then 503).
+constexpr int kRejectTimeoutMs = 1000;
+
 struct Conn {
   std::mutex mu;
   int fd = -1;  // -1 once closed (under mu)
@@ -448,16 +451,18 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
       c->busy = false;
     }
     if (buf.size() == 0) {  // idle: wait for the next request's first byte
+      // A connection beyond the bound only waits for the request it is to refuse: about a
+      // second, as for that request's head, not the keep-alive timeout.
       pollfd p{fd, POLLIN, 0};
-      const int r = poll(&p, 1, opt.keep_alive_timeout_ms);
+      const int r = poll(&p, 1, c->reject ? kRejectTimeoutMs : opt.keep_alive_timeout_ms);
       if (r <= 0 || stopping.load()) break;
     }
     {
       std::lock_guard<std::mutex> lk(c->mu);
       c->busy = true;
     }
-    stream.expires_at(Clock::now() +
-                      std::chrono::milliseconds(c->reject ? 1000 : opt.read_timeout_ms));
+    stream.expires_at(Clock::now() + std::chrono::milliseconds(c->reject ? kRejectTimeoutMs
+                                                                         : opt.read_timeout_ms));
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(static_cast<uint32_t>(opt.max_header_bytes));
     parser.body_limit(static_cast<uint64_t>(opt.max_body_bytes));
@@ -477,7 +482,8 @@ void HttpServer::Impl::serve(const std::shared_ptr<Conn>& c) {
       break;
     }
     if (ec == net::error::eof || ec == beast::error::timeout) {
-      if (ec == beast::error::timeout && buf.size() > 0)
+      // The parser consumes a complete request line from buf, so buf alone may be empty.
+      if (ec == beast::error::timeout && (buf.size() > 0 || parser.got_some()))
         framing_error(fd, 408, "the request was not received in time");
       break;
     }
