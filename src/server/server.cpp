@@ -12,6 +12,7 @@
 
 #include "attnres/chat.h"
 #include "server/state.h"
+#include "util/memory.h"
 
 namespace attnres::server {
 
@@ -384,6 +385,10 @@ Status Server::load() {
   if (st.opt.test_load_delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(st.opt.test_load_delay_ms));
   ATTNRES_ASSIGN_OR_RETURN(st.model, Model::load(st.opt.model));
+  const ModelInfo& info = st.model->info();
+  if (const std::string w = huge_pages_warning(info.bytes_in_memory, info.bytes_in_memory_huge);
+      !w.empty())
+    impl_->log(w);
   if (!st.model->info().has_tokenizer)
     return Status(ErrorCode::kInvalidArgument,
                   st.opt.model.dir + ": serving needs the model's tokenizer (tiktoken.model)");

@@ -87,4 +87,8 @@ inline bool few_huge_pages(int64_t bytes_in_memory, int64_t huge_page_bytes) {
   return bytes_in_memory >= (int64_t{256} << 20) && 2 * huge_page_bytes < bytes_in_memory;
 }
 
+// The warning every model command and `serve` show when few_huge_pages(): what was found,
+// the THP setting, what it costs and what to do; "" otherwise.
+std::string huge_pages_warning(int64_t bytes_in_memory, int64_t huge_page_bytes);
+
 }  // namespace attnres

@@ -99,18 +99,8 @@ Result<std::shared_ptr<const Model>> load_cli_model(const ModelArgs& a, bool nee
     return m;
   }
   const ModelInfo& info = m.value()->info();
-  if (few_huge_pages(info.bytes_in_memory, info.bytes_in_memory_huge)) {
-    const std::string thp = thp_setting();
-    std::fprintf(stderr,
-                 "warning: only %.2f of the %.2f GB of weights read into memory are on "
-                 "transparent huge pages (%s: %s); on 4 KiB pages the MXFP4 experts decode 1.3-4x "
-                 "more slowly (README, \"Weights in memory\"). %s\n",
-                 static_cast<double>(info.bytes_in_memory_huge) / 1e9,
-                 static_cast<double>(info.bytes_in_memory) / 1e9, kThpEnabledPath, thp.c_str(),
-                 thp == "never" ? "Set it to madvise or always."
-                                : "The kernel found too few free 2 MiB pages, or THP is disabled "
-                                  "for this process; loading with more memory free may help.");
-  }
+  const std::string warning = huge_pages_warning(info.bytes_in_memory, info.bytes_in_memory_huge);
+  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
   return m;
 }
 

@@ -55,6 +55,13 @@ TEST(WeightMemoryPages, WarnsForLargeWeightsMostlyOnSmallPages) {
   EXPECT_FALSE(few_huge_pages(2600 * mib, 2600 * mib));
   EXPECT_FALSE(few_huge_pages(255 * mib, 0));  // a small model
   EXPECT_FALSE(few_huge_pages(0, 0));          // --mmap: nothing read into memory
+  // The warning names what was found and the setting, exactly when few_huge_pages().
+  const std::string w = huge_pages_warning(2600 * mib, 0);
+  EXPECT_NE(w.find("only 0.00 of the 2.73 GB"), std::string::npos) << w;
+  EXPECT_NE(w.find(kThpEnabledPath), std::string::npos) << w;
+  EXPECT_NE(w.find(thp_setting()), std::string::npos) << w;
+  EXPECT_EQ(huge_pages_warning(2600 * mib, 2600 * mib), "");
+  EXPECT_EQ(huge_pages_warning(0, 0), "");
 }
 
 // Writes `bytes` of a WeightMemory allocation and returns the huge-page bytes it reports.
