@@ -316,12 +316,14 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
 }
 
 // Decode walks weight rows shorter than a 4 KiB page in page-strided tiles (rows q, q + P, ...
-// of each run of page-sized groups; matmul_hwy.cpp, PageStride). Only the order of rows
-// changes: each token's outputs are the bits of the same token inside a T > 1 product (which
-// never strides), with f32 or bf16 inputs, through matmul / matmul_bf16 and batch jobs (whole
-// matrices and row slices that start mid-page), for 1-3 threads; integer data equals the scalar
-// twin. Shapes: P = 2, 4, 16 and 64 (2 KiB, 1 KiB, 256 B and 64 B rows), row counts with whole
-// strided runs plus a ragged rest, serial and parallel.
+// of each run of page-sized groups; matmul_hwy.cpp, PageStride), or, on vdpbf16ps (bf16 inputs
+// and weights on AVX512_BF16), one row at a time (DotBf16Decode). Only the order of rows and
+// the tile shape change: each token's outputs are the bits of the same token inside a T > 1
+// product (which never strides), with f32 or bf16 inputs, through matmul / matmul_bf16 and
+// batch jobs (whole matrices and row slices that start mid-page), for 1-3 threads; integer data
+// equals the scalar twin. Shapes: P = 2, 4, 16 and 64 (2 KiB, 1 KiB, 256 B and 64 B rows), row
+// counts with whole strided runs plus a ragged rest, serial and parallel, and a K that is no
+// multiple of a vector (1000: 31 whole steps of 32 and a tail of 8).
 TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
   const int saved = parallel_threads();
   struct Case {
@@ -330,7 +332,8 @@ TEST(MatmulBatch, PageStridedDecodeEqualsPrefillRows) {
   };
   const Case cases[] = {{DType::kBF16, 300, 1024}, {DType::kBF16, 43, 1024},
                         {DType::kBF16, 59, 512},   {DType::kF32, 270, 512},
-                        {DType::kF32, 100, 64},    {DType::kBF16, 800, 32}};
+                        {DType::kF32, 100, 64},    {DType::kBF16, 800, 32},
+                        {DType::kBF16, 97, 1000}};
   constexpr int64_t T = 3;
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " N=" + std::to_string(c.N) +
