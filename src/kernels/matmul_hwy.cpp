@@ -420,7 +420,11 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
 // (k3-mini, two threads, five alternated pairs of `bench --reps 2 --prompt-tokens 16
 // --gen-tokens 128`) the dense decode projections streamed at 0.95-1.08 of the read rate
 // measured right after each run, against 0.81-0.87 with page-strided 1 x 6 tiles (decode 61-70
-// against 53-58 tok/s). Each row's accumulation is the same in either tile, so are the bits.
+// against 53-58 tok/s). A step of a few sequences (T <= kMR) is memory-bound the same way and
+// takes kMR x 1 tiles (2 sequences, `bench --concurrency 1,2,4`: dense projections 44.7-49.2
+// against 37.8-38.7 GB/s); from T > kMR on, the 4 x 6 tiles' reuse of each weight vector wins
+// (at 8 and 16 sequences 4 x 1 tiles were slower). Each row's accumulation is the same in any
+// tile, so are the bits.
 constexpr int64_t kPageBytes = 4096;
 HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
   if (T != 1 || bytes_per_row <= 0 || bytes_per_row >= kPageBytes) return 1;
@@ -888,6 +892,8 @@ void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int
     };
     if (T == 1) {  // decode: one row at a time, in address order (see DotBf16Decode)
       Drive<1, 1>(T, N, K, K * 2, 1, tile);
+    } else if (T <= kMR) {
+      Drive<kMR, 1>(T, N, K, K * 2, 1, tile);
     } else {
       Drive<kMR, kNR>(T, N, K, K * 2, 1, tile);
     }
@@ -970,6 +976,8 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
         };
         if (T == 1) {  // P = 1 (JobPageStride)
           DriveRange<1, 1>(T, K, row_bytes, 1, row_begin, row_end, tile);
+        } else if (T <= kMR) {
+          DriveRange<kMR, 1>(T, K, row_bytes, 1, row_begin, row_end, tile);
         } else {
           DriveRange<kMR, kNR>(T, K, row_bytes, 1, row_begin, row_end, tile);
         }
