@@ -431,6 +431,21 @@ HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
   return kPageBytes % bytes_per_row == 0 ? kPageBytes / bytes_per_row : 1;
 }
 
+// drive(TM, TN) (integral constants) with DotBf16Decode's register tile for T tokens of
+// vdpbf16ps work: 1 x 1 at T = 1, kMR x 1 up to kMR tokens, kMR x kNR beyond; rows consecutive.
+template <class Drive>
+HWY_INLINE void WithDotBf16Tiles(int64_t T, const Drive& drive) {
+  using One = std::integral_constant<int, 1>;
+  using MR = std::integral_constant<int, kMR>;
+  if (T == 1) {
+    drive(One(), One());
+  } else if (T <= kMR) {
+    drive(MR(), One());
+  } else {
+    drive(MR(), std::integral_constant<int, kNR>());
+  }
+}
+
 // Walks output rows [row_begin, row_end) of the [T, N] output (see the header) and calls
 // tile(mr, nr, t, n, rs) on each register tile of rows n, n + rs, ..., n + (nr - 1) rs.
 // bytes_per_row: bytes of one weight row, to size the L2-resident blocks. P: PageStride (only
@@ -890,13 +905,9 @@ void MatmulBf16Act(const uint16_t* x, int64_t T, const void* w, bool w_bf16, int
       DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(x + t * K, K, wb, N, n, rs,
                                                             y + t * N + n, N);
     };
-    if (T == 1) {  // decode: one row at a time, in address order (see DotBf16Decode)
-      Drive<1, 1>(T, N, K, K * 2, 1, tile);
-    } else if (T <= kMR) {
-      Drive<kMR, 1>(T, N, K, K * 2, 1, tile);
-    } else {
-      Drive<kMR, kNR>(T, N, K, K * 2, 1, tile);
-    }
+    WithDotBf16Tiles(T, [&](auto tm, auto tn) {
+      Drive<decltype(tm)::value, decltype(tn)::value>(T, N, K, K * 2, 1, tile);
+    });
     return;
   }
 #endif
@@ -974,13 +985,10 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
           DotBf16Tile<decltype(mr)::value, decltype(nr)::value>(xh + t * K, K, wb, N, n, rs,
                                                                 y + t * ldy + n, ldy);
         };
-        if (T == 1) {  // P = 1 (JobPageStride)
-          DriveRange<1, 1>(T, K, row_bytes, 1, row_begin, row_end, tile);
-        } else if (T <= kMR) {
-          DriveRange<kMR, 1>(T, K, row_bytes, 1, row_begin, row_end, tile);
-        } else {
-          DriveRange<kMR, kNR>(T, K, row_bytes, 1, row_begin, row_end, tile);
-        }
+        WithDotBf16Tiles(T, [&](auto tm, auto tn) {  // P = 1 (JobPageStride)
+          DriveRange<decltype(tm)::value, decltype(tn)::value>(T, K, row_bytes, 1, row_begin,
+                                                               row_end, tile);
+        });
         break;
       }
 #endif
