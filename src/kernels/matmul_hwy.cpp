@@ -412,12 +412,20 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
 // 0.76 of a read pass of the same bytes on one thread, page-strided at 0.93 (two threads, three
 // matrices per batch: 0.73 -> 0.82-0.87). Only the order of rows changes, never a row's
 // arithmetic.
-// Returns P (1: consecutive rows) for dense weights.
+// Returns P (1: consecutive rows) for dense weights (vdpbf16ps work: see WithDotBf16Tiles).
+constexpr int64_t kPageBytes = 4096;
+HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
+  if (T != 1 || bytes_per_row <= 0 || bytes_per_row >= kPageBytes) return 1;
+  return kPageBytes % bytes_per_row == 0 ? kPageBytes / bytes_per_row : 1;
+}
+
+// drive(TM, TN) (integral constants) with the register tile for T tokens of vdpbf16ps work:
+// 1 x 1 at T = 1, kMR x 1 up to kMR tokens, kMR x kNR beyond; rows consecutive (P = 1).
 //
-// DotBf16Decode: decode on vdpbf16ps (bf16 tokens and weights) instead walks its rows one at a
-// time in address order (1 x 1 tiles), one sequential stream per thread as in a read pass; the
-// out-of-order core overlaps consecutive rows' dot products, which are independent. On Zen 5
-// (k3-mini, two threads, five alternated pairs of `bench --reps 2 --prompt-tokens 16
+// Decode on vdpbf16ps (bf16 tokens and weights), unlike the page-strided tiles above, walks its
+// rows one at a time in address order (1 x 1 tiles), one sequential stream per thread as in a read
+// pass; the out-of-order core overlaps consecutive rows' dot products, which are independent. On
+// Zen 5 (k3-mini, two threads, five alternated pairs of `bench --reps 2 --prompt-tokens 16
 // --gen-tokens 128`) the dense decode projections streamed at 0.95-1.08 of the read rate
 // measured right after each run, against 0.81-0.87 with page-strided 1 x 6 tiles (decode 61-70
 // against 53-58 tok/s). A step of a few sequences (T <= kMR) is memory-bound the same way and
@@ -425,14 +433,6 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
 // against 37.8-38.7 GB/s); from T > kMR on, the 4 x 6 tiles' reuse of each weight vector wins
 // (at 8 and 16 sequences 4 x 1 tiles were slower). Each row's accumulation is the same in any
 // tile, so are the bits.
-constexpr int64_t kPageBytes = 4096;
-HWY_INLINE int64_t PageStride(int64_t T, int64_t bytes_per_row) {
-  if (T != 1 || bytes_per_row <= 0 || bytes_per_row >= kPageBytes) return 1;
-  return kPageBytes % bytes_per_row == 0 ? kPageBytes / bytes_per_row : 1;
-}
-
-// drive(TM, TN) (integral constants) with DotBf16Decode's register tile for T tokens of
-// vdpbf16ps work: 1 x 1 at T = 1, kMR x 1 up to kMR tokens, kMR x kNR beyond; rows consecutive.
 template <class Drive>
 HWY_INLINE void WithDotBf16Tiles(int64_t T, const Drive& drive) {
   using One = std::integral_constant<int, 1>;
@@ -944,7 +944,7 @@ bool JobDotBf16(const MatmulJob& j) {
 }
 
 // The PageStride a job's rows are walked with: 1 for MXFP4 (see Mxfp4Matmul) and for
-// vdpbf16ps decode (see DotBf16Decode).
+// vdpbf16ps work (see WithDotBf16Tiles).
 int64_t JobPageStride(const MatmulJob& j) {
   return j.kind == WeightKind::kMxfp4 || JobDotBf16(j) ? 1 : PageStride(j.T, job_row_bytes(j));
 }
@@ -986,7 +986,7 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
                                                                 y + t * ldy + n, ldy);
         };
         WithDotBf16Tiles(T, [&](auto tm, auto tn) {  // P = 1 (JobPageStride)
-          DriveRange<decltype(tm)::value, decltype(tn)::value>(T, K, row_bytes, 1, row_begin,
+          DriveRange<decltype(tm)::value, decltype(tn)::value>(T, K, row_bytes, P, row_begin,
                                                                row_end, tile);
         });
         break;

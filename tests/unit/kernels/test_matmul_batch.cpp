@@ -317,7 +317,7 @@ TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
 
 // Decode walks weight rows shorter than a 4 KiB page in page-strided tiles (rows q, q + P, ...
 // of each run of page-sized groups; matmul_hwy.cpp, PageStride), or, on vdpbf16ps (bf16 inputs
-// and weights on AVX512_BF16), one row at a time (DotBf16Decode). Only the order of rows and
+// and weights on AVX512_BF16), one row at a time (WithDotBf16Tiles). Only the order of rows and
 // the tile shape change: each token's outputs are the bits of the same token inside a T > 1
 // product (which never strides), with f32 or bf16 inputs, through matmul / matmul_bf16 and
 // batch jobs (whole matrices and row slices that start mid-page), for 1-3 threads; integer data
