@@ -761,12 +761,17 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // Register tiles over tokens already split (SplitTokens' layout): MR tokens x NR rows, each
 // pair of blocks of the NR rows decoded into registers once and applied to all MR tokens, whose
 // even and odd halves are plain loads. A row's decode (~7 vector operations per pair of blocks)
-// is thus shared by up to 8 tokens (16 vdpbf16ps), which suits prefill experts with a few tokens
-// each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. kPrefetch: the first
-// tile over its rows, the one that streams them from memory.
-// 8 x 2: 16 accumulators + 4 decoded vectors + 2 token vectors + the decode's temporaries.
-constexpr int kMRs = 8, kNRs = 2;
-template <int MR, int NR, bool kPrefetch>
+// is thus shared by up to 7 tokens (14 vdpbf16ps), which suits prefill experts with a few tokens
+// each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. Only one-token tiles
+// (decode, where the rows stream from memory at the bandwidth limit) issue software prefetches:
+// in the prefill tiles, whose time is the arithmetic, the prefetch's address work cost more
+// than it saved (k3-mini's routed experts, 256-token chunk: 0.35-0.40 of the vdpbf16ps peak
+// without it against 0.26-0.34 with it, cold weights).
+// 7 x 3: 21 accumulators + 6 decoded vectors + 2 token vectors + the decode's temporaries.
+// Against 8 x 2 it decodes a row per 7 tokens instead of 8, but its 21 independent chains keep
+// vdpbf16ps busy where 16 do not (one thread, K = 4096 in L2: 0.87 of the peak against 0.33).
+constexpr int kMRs = 7, kNRs = 3;
+template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT xs, int64_t N,
                                                   int64_t K, const uint8_t* packed,
                                                   const uint8_t* scale, int64_t n0,
@@ -779,7 +784,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= row_scales; b += 2) {
-    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
       DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
@@ -809,21 +814,16 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
 
 // Rows [row_begin, row_end) for the tn split tokens at xs (token rows t0.. of y) in
 // Mxfp4SplitTile tiles. Tokens in sub-blocks whose split values stay in L1 (16 KiB) while the
-// rows stream past; a sub-block in ceil(n / 8) tiles of near-equal size (9 tokens as 5 + 4, not
-// 8 + 1: a tile's accumulators are its independent vdpbf16ps chains), with 4 rows a tile when
-// the tiles hold at most 4 tokens and 2 rows otherwise (register budget).
+// rows stream past; a sub-block in ceil(n / kMRs) tiles of near-equal size (8 tokens as 4 + 4,
+// not 7 + 1: a tile's accumulators are its independent vdpbf16ps chains), with 4 rows a tile
+// when the tiles hold at most 4 tokens and kNRs rows otherwise (register budget).
 ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0, int64_t N,
                                      int64_t K, const uint8_t* packed, const uint8_t* scale,
                                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
   const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2) / kMRs * kMRs);
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
-    float* yt = y + (t0 + t) * ldy + n;
-    if (t0 + t == 0) {
-      Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
-    } else {
-      Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
-    }
+    Mxfp4SplitTile<MR, NR>(xs + t * K, N, K, packed, scale, n, y + (t0 + t) * ldy + n, ldy);
   };
   for (int64_t t1 = 0; t1 < tn; t1 += tl) {
     const int64_t m = std::min(tl, tn - t1), tiles = (m + kMRs - 1) / kMRs;
