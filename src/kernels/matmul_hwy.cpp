@@ -765,11 +765,11 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. Only one-token tiles
 // (decode, where the rows stream from memory at the bandwidth limit) issue software prefetches:
 // in the prefill tiles, whose time is the arithmetic, the prefetch's address work cost more
-// than it saved (k3-mini's routed experts, 256-token chunk: 0.35-0.40 of the vdpbf16ps peak
-// without it against 0.26-0.34 with it, cold weights).
-// 7 x 3: 21 accumulators + 6 decoded vectors + 2 token vectors + the decode's temporaries.
-// Against 8 x 2 it decodes a row per 7 tokens instead of 8, but its 21 independent chains keep
-// vdpbf16ps busy where 16 do not (one thread, K = 4096 in L2: 0.87 of the peak against 0.33).
+// than it saved. 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's
+// temporaries) decodes a row per 7 tokens instead of 8 x 2's 8, but keeps 21 independent
+// vdpbf16ps chains instead of 16. k3-mini's routed experts for a 256-token chunk (cold weights,
+// BM_GemmMxfp4ExpertsBf16Act, alternated runs) reach 0.39-0.40 of the vdpbf16ps peak so,
+// against 0.30-0.32 with prefetching 8 x 2 tiles; either choice alone gained a few points.
 constexpr int kMRs = 7, kNRs = 3;
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT xs, int64_t N,
@@ -813,20 +813,22 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
 }
 
 // Rows [row_begin, row_end) for the tn split tokens at xs (token rows t0.. of y) in
-// Mxfp4SplitTile tiles. Tokens in sub-blocks whose split values stay in L1 (16 KiB) while the
-// rows stream past; a sub-block in ceil(n / kMRs) tiles of near-equal size (8 tokens as 4 + 4,
-// not 7 + 1: a tile's accumulators are its independent vdpbf16ps chains), with 4 rows a tile
-// when the tiles hold at most 4 tokens and kNRs rows otherwise (register budget).
+// Mxfp4SplitTile tiles. Tokens in near-equal sub-blocks whose split values stay in L1 (at most
+// 16 KiB, or kMRs tokens) while the rows stream past; a sub-block in ceil(n / kMRs) tiles of
+// near-equal size (8 tokens as 4 + 4, not 7 + 1: a tile's accumulators are its independent
+// vdpbf16ps chains), with 4 rows a tile when the tiles hold at most 4 tokens and kNRs rows
+// otherwise (register budget).
 ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0, int64_t N,
                                      int64_t K, const uint8_t* packed, const uint8_t* scale,
                                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
-  const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2) / kMRs * kMRs);
+  const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2));
+  const int64_t subs = (tn + tl - 1) / tl;  // sub-blocks of near-equal size (no runt)
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
     Mxfp4SplitTile<MR, NR>(xs + t * K, N, K, packed, scale, n, y + (t0 + t) * ldy + n, ldy);
   };
-  for (int64_t t1 = 0; t1 < tn; t1 += tl) {
-    const int64_t m = std::min(tl, tn - t1), tiles = (m + kMRs - 1) / kMRs;
+  for (int64_t sb = 0, t1 = 0; sb < subs; t1 += tn / subs + (sb < tn % subs ? 1 : 0), ++sb) {
+    const int64_t m = tn / subs + (sb < tn % subs ? 1 : 0), tiles = (m + kMRs - 1) / kMRs;
     const int64_t base = m / tiles, extra = m % tiles;  // the first `extra` tiles: base + 1
     // Tiles of NR rows and at most MRmax tokens (compile-time tile sizes).
     const auto rows = [&](auto nrc, auto mr_max) {
@@ -850,10 +852,12 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
 }
 
 // From this many tokens on, decoding a group of rows once into an L1 buffer for all the tokens
-// (DotBf16Tile over it) beats Mxfp4SplitTile's decode in registers once per 8 tokens (one
-// thread, 64 cold experts [512, 1024], of the vdpbf16ps peak: 16 tokens 0.50 against 0.69,
-// 24 tokens 0.60 against 0.53, 32 tokens 0.64 against 0.52).
-constexpr int64_t kMxfp4DecodeOnceMinTokens = 24;
+// (DotBf16Tile over it) beats Mxfp4SplitTile's decode in registers once per tile: one thread,
+// one expert in L2, of the vdpbf16ps peak (register decode against decoded rows):
+//   [512, 512]:  8 tokens 0.57 / 0.55, 9 tokens 0.37 / 0.51, 12 tokens 0.52 / 0.61,
+//                16 tokens 0.38 / 0.62;
+//   [512, 1024]: 8 tokens 0.67 / 0.62, 9 tokens 0.46 / 0.58, 16 tokens 0.66 / 0.73.
+constexpr int64_t kMxfp4DecodeOnceMinTokens = 9;
 
 // Rows [row_begin, row_end) of y = x W^T for bf16 tokens and MXFP4 weights (see above).
 // Tokens in blocks of at most 256 KiB of split values (L2-resident). Per block, fewer than
