@@ -923,8 +923,14 @@ ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int6
         DotBf16Tile<decltype(mr)::value, decltype(nrc)::value>(xs + t * K, K, wd, nr, i, 1,
                                                                y + (t0 + t) * ldy + n + i, ldy);
       };
-      for (int64_t t = 0; t < tn; t += kMR)
-        TileAny<kNR, kMR>(tile, t, 0, static_cast<int>(std::min<int64_t>(kMR, tn - t)), nr);
+      // ceil(tn / kMR) tiles of near-equal size (9 tokens as 3 + 3 + 3, not 4 + 4 + 1: a
+      // one-token tile costs a full tile's weight loads for a quarter of its work).
+      const int64_t tiles = (tn + kMR - 1) / kMR, base = tn / tiles, extra = tn % tiles;
+      for (int64_t i = 0, t = 0; i < tiles; ++i) {
+        const int mr = static_cast<int>(base + (i < extra ? 1 : 0));
+        TileAny<kNR, kMR>(tile, t, 0, mr, nr);
+        t += mr;
+      }
     }
   }
 }
