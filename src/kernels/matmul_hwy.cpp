@@ -768,8 +768,11 @@ ATTNRES_BF16_DOT HWY_INLINE void SplitTokens(const uint16_t* HWY_RESTRICT x, int
   }
 }
 
+// Rows n0 .. n0 + nr - 1 of the N decoded into out; each row's packed bytes and scales one row
+// group (nr rows) ahead are prefetched meanwhile, so the next call finds its rows in L2 (the
+// tiles that use a group's rows read no memory, which leaves the hardware prefetcher idle).
 ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uint8_t* scale,
-                                                int64_t K, int64_t n0, int nr,
+                                                int64_t N, int64_t K, int64_t n0, int nr,
                                                 const ScaledBf16Tables& tables, const PairIndex& ix,
                                                 uint16_t* HWY_RESTRICT out) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
@@ -778,8 +781,11 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
     const uint8_t* pr = packed + (n0 + r) * row_bytes;
     const uint8_t* sr = scale + (n0 + r) * row_scales;
     uint16_t* o = out + r * K;
+    const bool ahead = n0 + nr + r < N;
     int64_t b = 0;
     for (; b + 2 <= row_scales; b += 2) {
+      if (ahead && (b & 3) == 0) PrefetchL2(pr + nr * row_bytes + b * 16);
+      if (ahead && (b & 63) == 0) PrefetchL2(sr + nr * row_scales + b);
       __m512bh we, wo;
       DecodePairBf16(pr, sr, b, tables, ix, we, wo);
       _mm512_storeu_si512(o + b * kMxfp4BlockSize, reinterpret_cast<__m512i>(we));
@@ -795,16 +801,19 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // pair of blocks of the NR rows decoded into registers once and applied to all MR tokens, whose
 // even and odd halves are plain loads. A row's decode (~7 vector operations per pair of blocks)
 // is thus shared by up to 7 tokens (14 vdpbf16ps), which suits prefill experts with a few tokens
-// each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. Only one-token tiles
-// (decode, where the rows stream from memory at the bandwidth limit) issue software prefetches:
-// in the prefill tiles, whose time is the arithmetic, the prefetch's address work cost more
-// than it saved. 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's
+// each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. kPrefetch: the
+// first tile over its rows, the one that streams them from memory, prefetches them ahead; only
+// 4-row tiles (at most 4 tokens, decode among them) do: with 4 x 4 tiles and no prefetch, 64
+// cold experts [512, 1024] x 8 tokens ran at 0.29 of the vdpbf16ps peak against 0.53-0.57,
+// while the 7 x 3 tiles, with more arithmetic per byte, ran faster without the prefetch's
+// address work. 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's
 // temporaries) decodes a row per 7 tokens instead of 8 x 2's 8, but keeps 21 independent
 // vdpbf16ps chains instead of 16. k3-mini's routed experts for a 256-token chunk (cold weights,
-// BM_GemmMxfp4ExpertsBf16Act, alternated runs) reach 0.39-0.40 of the vdpbf16ps peak so,
-// against 0.30-0.32 with prefetching 8 x 2 tiles; either choice alone gained a few points.
+// BM_GemmMxfp4ExpertsBf16Act, alternated runs) reach 0.39-0.40 of the peak with 7 x 3 tiles
+// that do not prefetch, against 0.30-0.32 with prefetching 8 x 2 tiles; either choice alone
+// gained a few points.
 constexpr int kMRs = 7, kNRs = 3;
-template <int MR, int NR>
+template <int MR, int NR, bool kPrefetch>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT xs, int64_t N,
                                                   int64_t K, const uint8_t* packed,
                                                   const uint8_t* scale, int64_t n0,
@@ -817,7 +826,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= row_scales; b += 2) {
-    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
       DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
@@ -858,7 +867,14 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
   const int64_t subs = (tn + tl - 1) / tl;  // sub-blocks of near-equal size (no runt)
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
-    Mxfp4SplitTile<MR, NR>(xs + t * K, N, K, packed, scale, n, y + (t0 + t) * ldy + n, ldy);
+    float* yt = y + (t0 + t) * ldy + n;
+    if constexpr (NR == 4) {  // at most 4 tokens: the first tile over the rows prefetches
+      if (t0 + t == 0) {
+        Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+        return;
+      }
+    }
+    Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
   };
   for (int64_t sb = 0, t1 = 0; sb < subs; t1 += tn / subs + (sb < tn % subs ? 1 : 0), ++sb) {
     const int64_t m = tn / subs + (sb < tn % subs ? 1 : 0), tiles = (m + kMRs - 1) / kMRs;
@@ -917,7 +933,7 @@ ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int6
     }
     for (int64_t n = row_begin; n < row_end; n += kNR) {
       const int nr = static_cast<int>(std::min<int64_t>(kNR, row_end - n));
-      DecodeRowsBf16(packed, scale, K, n, nr, tables, ix, wd);
+      DecodeRowsBf16(packed, scale, N, K, n, nr, tables, ix, wd);
       // The decoded rows are a [nr, K] matrix whose row i is weight row n + i.
       const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t i, int64_t /*rs = 1*/) {
         DotBf16Tile<decltype(mr)::value, decltype(nrc)::value>(xs + t * K, K, wd, nr, i, 1,
