@@ -559,57 +559,24 @@ ATTNRES_BF16_DOT HWY_INLINE __m128 ReduceAdd4(__m512 a, __m512 b, __m512 c, __m5
       _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
 }
 
-// The lane sums of sixteen accumulators, lane i = sum a[i], with ReduceAdd4's tree (so
-// _mm512_reduce_add_ps's bits), each level done for all sixteen at once: 45 operations on full
-// vectors instead of four ReduceAdd4's 80 narrower ones.
-ATTNRES_BF16_DOT HWY_INLINE __m512 ReduceAdd16(const __m512 (&a)[16]) {
-  // h[p]: lanes 0-7 elements j + (j + 8) of a[2p], lanes 8-15 those of a[2p + 1].
-  __m512 h[8];
-  for (int p = 0; p < 8; ++p)
-    h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
-  // q[p], quarter i: elements j + (j + 4) of a[4p + i]'s h.
-  __m512 q[4];
-  for (int p = 0; p < 4; ++p)
-    q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0x88),
-                         _mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0xDD));
-  // s[p], quarter i: elements 0 + 2 and 1 + 3 of a[8p + i]'s q, then those of a[8p + 4 + i]'s.
-  __m512 s[2];
-  for (int p = 0; p < 2; ++p)
-    s[p] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0x44),
-                         _mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0xEE));
-  // Quarter i, element e: the sum of a[i + 4e]; lane i + 4e is taken from 4i + e.
-  const __m512 t =
-      _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], 0x88), _mm512_shuffle_ps(s[0], s[1], 0xDD));
-  return _mm512_permutexvar_ps(
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
-}
-
-// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. The accumulators in
-// (m, r) order: each full sixteen through ReduceAdd16 (the sums stored through the stack, then
-// copied to their outputs), each remaining four through ReduceAdd4, the last ones alone.
+// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. With consecutive
+// rows (rs = 1) and an even NR, tokens and rows in pairs through ReduceAdd4: [y(m, r),
+// y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two; the rest one by one.
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_INLINE void StoreTileSums(const __m512 (&acc)[MR][NR], float* HWY_RESTRICT y,
                                                int64_t ldy, int64_t rs) {
-  constexpr int C = MR * NR, kSixteens = C / 16, kFours = C % 16 / 4;
-  __m512 a[C];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) a[m * NR + r] = acc[m][r];
-  const auto out = [&](int f) -> float& { return y[(f / NR) * ldy + (f % NR) * rs]; };
-  for (int g = 0; g < kSixteens; ++g) {
-    __m512 v[16];
-    for (int i = 0; i < 16; ++i) v[i] = a[16 * g + i];
-    HWY_ALIGN float sums[16];
-    _mm512_store_ps(sums, ReduceAdd16(v));
-    for (int i = 0; i < 16; ++i) out(16 * g + i) = sums[i];
+  int m = 0;
+  if (NR % 2 == 0 && rs == 1) {
+    for (; m + 2 <= MR; m += 2) {
+      for (int r = 0; r + 2 <= NR; r += 2) {
+        const __m128 s = ReduceAdd4(acc[m][r], acc[m][r + 1], acc[m + 1][r], acc[m + 1][r + 1]);
+        _mm_storel_pi(reinterpret_cast<__m64*>(y + m * ldy + r), s);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(y + (m + 1) * ldy + r), s);
+      }
+    }
   }
-  for (int g = 0; g < kFours; ++g) {
-    const int f = 16 * kSixteens + 4 * g;
-    HWY_ALIGN float sums[4];
-    _mm_store_ps(sums, ReduceAdd4(a[f], a[f + 1], a[f + 2], a[f + 3]));
-    for (int i = 0; i < 4; ++i) out(f + i) = sums[i];
-  }
-  for (int f = 16 * kSixteens + 4 * kFours; f < C; ++f) out(f) = _mm512_reduce_add_ps(a[f]);
+  for (; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
 template <int MR, int NR>
