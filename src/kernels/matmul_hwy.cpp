@@ -770,7 +770,7 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // is thus shared by up to 7 tokens (14 vdpbf16ps), which suits prefill experts with a few tokens
 // each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. kPrefetch: the
 // first tile over its rows, the one that streams them from memory, prefetches them ahead; only
-// 4-row tiles (at most 4 tokens, decode among them) do: with 4 x 4 tiles and no prefetch, 64
+// 4-row tiles (at most 5 tokens, decode among them) do: with 4 x 4 tiles and no prefetch, 64
 // cold experts [512, 1024] x 8 tokens ran at 0.29 of the vdpbf16ps peak against 0.53-0.57,
 // while the 7 x 3 tiles, with more arithmetic per byte, ran faster without the prefetch's
 // address work. 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's
@@ -825,8 +825,10 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
 // Mxfp4SplitTile tiles. Tokens in near-equal sub-blocks whose split values stay in L1 (at most
 // 16 KiB, or kMRs tokens) while the rows stream past; a sub-block in ceil(n / kMRs) tiles of
 // near-equal size (8 tokens as 4 + 4, not 7 + 1: a tile's accumulators are its independent
-// vdpbf16ps chains), with 4 rows a tile when the tiles hold at most 4 tokens and kNRs rows
-// otherwise (register budget).
+// vdpbf16ps chains), with 4 rows a tile when the tiles hold at most 5 tokens and kNRs rows
+// otherwise (register budget). 5 tokens take 5 x 4 tiles (one thread, one [512, 512] expert in
+// L2: 0.55-0.56 of the peak against 0.34-0.35 for 5 x 3; 6 x 4 tiles ran 0.48 against 6 x 3's
+// 0.52-0.53).
 ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0, int64_t N,
                                      int64_t K, const uint8_t* packed, const uint8_t* scale,
                                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
@@ -835,7 +837,7 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
     float* yt = y + (t0 + t) * ldy + n;
-    if constexpr (NR == 4) {  // at most 4 tokens: the first tile over the rows prefetches
+    if constexpr (NR == 4) {  // at most 5 tokens: the first tile over the rows prefetches
       if (t0 + t == 0) {
         Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
         return;
@@ -861,6 +863,8 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
     using Four = std::integral_constant<int, 4>;
     if ((m + tiles - 1) / tiles <= 4) {  // the largest tile
       rows(Four(), Four());
+    } else if ((m + tiles - 1) / tiles == 5) {
+      rows(Four(), std::integral_constant<int, 5>());
     } else {
       rows(std::integral_constant<int, kNRs>(), std::integral_constant<int, kMRs>());
     }
