@@ -402,6 +402,18 @@ HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) 
   }
 }
 
+// fn(begin, size) for each of `parts` contiguous parts of [0, n) in order, part i being
+// [n i / parts, n (i + 1) / parts) (the project's balanced partition: sizes differ by at most
+// one, the largest ceil(n / parts)). Token tiles split this way keep their accumulator chains
+// even (9 tokens as 4 + 5 or 3 + 3 + 3, never a one-token runt).
+template <class Fn>
+HWY_INLINE void ForEachEqualPart(int64_t n, int64_t parts, const Fn& fn) {
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t begin = n * i / parts;
+    fn(begin, n * (i + 1) / parts - begin);
+  }
+}
+
 // Decode (T = 1) walks weight rows shorter than a 4 KiB page in page-strided tiles: with P =
 // 4096 / bytes_per_row rows to a page, a run of TN * P rows (TN pages when the matrix is
 // page-aligned) is done as P tiles, tile q taking rows q, q + P, q + 2P, ... of the run. Each
@@ -833,7 +845,6 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
                                      int64_t K, const uint8_t* packed, const uint8_t* scale,
                                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
   const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2));
-  const int64_t subs = (tn + tl - 1) / tl;  // sub-blocks of near-equal size (no runt)
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
     float* yt = y + (t0 + t) * ldy + n;
@@ -845,30 +856,27 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
     }
     Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
   };
-  for (int64_t sb = 0, t1 = 0; sb < subs; t1 += tn / subs + (sb < tn % subs ? 1 : 0), ++sb) {
-    const int64_t m = tn / subs + (sb < tn % subs ? 1 : 0), tiles = (m + kMRs - 1) / kMRs;
-    const int64_t base = m / tiles, extra = m % tiles;  // the first `extra` tiles: base + 1
+  ForEachEqualPart(tn, (tn + tl - 1) / tl, [&](int64_t t1, int64_t m) {  // sub-blocks
+    const int64_t tiles = (m + kMRs - 1) / kMRs, largest = (m + tiles - 1) / tiles;
     // Tiles of NR rows and at most MRmax tokens (compile-time tile sizes).
     const auto rows = [&](auto nrc, auto mr_max) {
       constexpr int NR = decltype(nrc)::value, MRmax = decltype(mr_max)::value;
       for (int64_t n = row_begin; n < row_end; n += NR) {
         const int nr = static_cast<int>(std::min<int64_t>(NR, row_end - n));
-        for (int64_t i = 0, t = t1; i < tiles; ++i) {
-          const int mr = static_cast<int>(base + (i < extra ? 1 : 0));
-          TileAny<NR, MRmax>(tile, t, n, mr, nr);
-          t += mr;
-        }
+        ForEachEqualPart(m, tiles, [&](int64_t t, int64_t mr) {
+          TileAny<NR, MRmax>(tile, t1 + t, n, static_cast<int>(mr), nr);
+        });
       }
     };
     using Four = std::integral_constant<int, 4>;
-    if ((m + tiles - 1) / tiles <= 4) {  // the largest tile
+    if (largest <= 4) {
       rows(Four(), Four());
-    } else if ((m + tiles - 1) / tiles == 5) {
+    } else if (largest == 5) {
       rows(Four(), std::integral_constant<int, 5>());
     } else {
       rows(std::integral_constant<int, kNRs>(), std::integral_constant<int, kMRs>());
     }
-  }
+  });
 }
 
 // From this many tokens on, decoding a group of rows once into an L1 buffer for all the tokens
@@ -912,12 +920,9 @@ ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int6
       };
       // ceil(tn / kMR) tiles of near-equal size (9 tokens as 3 + 3 + 3, not 4 + 4 + 1: a
       // one-token tile costs a full tile's weight loads for a quarter of its work).
-      const int64_t tiles = (tn + kMR - 1) / kMR, base = tn / tiles, extra = tn % tiles;
-      for (int64_t i = 0, t = 0; i < tiles; ++i) {
-        const int mr = static_cast<int>(base + (i < extra ? 1 : 0));
-        TileAny<kNR, kMR>(tile, t, 0, mr, nr);
-        t += mr;
-      }
+      ForEachEqualPart(tn, (tn + kMR - 1) / kMR, [&](int64_t t, int64_t mr) {
+        TileAny<kNR, kMR>(tile, t, 0, static_cast<int>(mr), nr);
+      });
     }
   }
 }
