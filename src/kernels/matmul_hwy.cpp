@@ -266,17 +266,30 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 }
 
 // The first tile over a group of MXFP4 rows (the only one at decode) streams them from memory:
-// prefetch block b of the rows four tiles ahead (one line per 4 blocks, and their scales one
-// line per 64 blocks), as in DenseTile.
+// prefetch block b of the rows kMxfp4PrefetchTiles tiles ahead (one line per 4 blocks, and their
+// scales one line per 64 blocks), as in DenseTile.
+constexpr int kMxfp4PrefetchTiles = 4;
 HWY_INLINE void Mxfp4PrefetchNext(const uint8_t* packed, const uint8_t* scale, int64_t N, int64_t K,
                                   int64_t n0, int NR, int64_t b) {
   const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
   for (int r = 0; r < NR; ++r) {
-    const int64_t n = n0 + 4 * NR + r;
+    const int64_t n = n0 + kMxfp4PrefetchTiles * NR + r;
     if (n >= N) break;
     if ((b & 3) == 0) PrefetchL2(packed + n * row_bytes + b * 16);
     if ((b & 63) == 0) PrefetchL2(scale + n * row_scales + b);
   }
+}
+
+// Rows [n_begin, n_end) whole (packed bytes and scales): what a run of prefetching tiles reads
+// before Mxfp4PrefetchNext's distance is reached, fetched at the run's start so its first tiles
+// do not wait on memory behind a cold hardware prefetcher (each expert matrix, and each thread's
+// share of a batch, starts such a run). k3-mini decode, in-model expert batches alternated in
+// 8 ms windows of the same runs: 2-2.5% shorter (three runs).
+HWY_INLINE void Mxfp4PrefetchRows(const uint8_t* packed, const uint8_t* scale, int64_t K,
+                                  int64_t n_begin, int64_t n_end) {
+  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  for (int64_t a = n_begin * row_bytes; a < n_end * row_bytes; a += 64) PrefetchL2(packed + a);
+  for (int64_t a = n_begin * row_scales; a < n_end * row_scales; a += 64) PrefetchL2(scale + a);
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -861,6 +874,9 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
     // Tiles of NR rows and at most MRmax tokens (compile-time tile sizes).
     const auto rows = [&](auto nrc, auto mr_max) {
       constexpr int NR = decltype(nrc)::value, MRmax = decltype(mr_max)::value;
+      if (NR == 4 && t0 + t1 == 0)  // the prefetching tiles' run starts here
+        Mxfp4PrefetchRows(packed, scale, K, row_begin,
+                          std::min(row_end, row_begin + kMxfp4PrefetchTiles * NR));
       for (int64_t n = row_begin; n < row_end; n += NR) {
         const int nr = static_cast<int>(std::min<int64_t>(NR, row_end - n));
         ForEachEqualPart(m, tiles, [&](int64_t t, int64_t mr) {
