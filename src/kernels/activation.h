@@ -22,7 +22,7 @@ inline float situf(float g, float u, float beta, float linear_beta) {
 
 // out[i] = SiTU(gate[i], up[i]); out may alias gate or up. With `bf16_out` the result is rounded
 // to bf16 (the bf16 model casts the f32 activation back to the input dtype).
-// situ() is the dispatched SIMD kernel (activation_hwy.cpp: Highway Tanh/Exp, a few ulp from
+// situ() is the dispatched SIMD kernel (activation_hwy.cpp: Highway Expm1/Exp, a few ulp from
 // libm; each element's value depends only on its inputs, never on its position or the thread
 // count); situ_ref() is its scalar twin, situf() element by element.
 void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
