@@ -3,9 +3,11 @@
 // batched engine.
 //   bench --model DIR [--prompt-tokens 256] [--gen-tokens N] [--threads N] [--reps 3]
 //         [--dtype bf16|f32] [--concurrency 1,2,4,8,16] [--json]
-// Without --concurrency: each repetition starts a fresh engine, prefills a deterministic prompt,
-// then decodes --gen-tokens (default 512) greedy tokens (eos ignored). Reported: prefill and
-// decode tokens/s (median of the repetitions, with min and max), bytes touched per decoded token
+// Without --concurrency: each repetition starts a fresh engine, runs a warm-up request on it (a
+// distinct prompt of the same length, one token), prefills a deterministic prompt, then decodes
+// --gen-tokens (default 512) greedy tokens (eos ignored). Reported: prefill and decode tokens/s
+// (median of the repetitions, with min and max), the warm-up's prefill rate (a fresh engine's
+// first request, which faults in the step arena's pages), bytes touched per decoded token
 // (weights read once per token: every dense projection, the router, the shared experts and the
 // top-k routed experts of each MoE layer, lm_head and one embedding row; plus the
 // recurrent-state and latent-cache traffic averaged over the decode), the achieved GB/s and its
@@ -97,6 +99,7 @@ void reset_peak_rss() {
 // One repetition of the single-sequence benchmark: prefill and `gen` decode steps.
 struct SingleRun {
   double prefill_tps = 0, decode_tps = 0, attnres_share = 0;
+  double cold_prefill_tps = 0;  // the engine's first request (see single_run)
   double dense_share = 0, dense_gb_s = 0, mxfp4_share = 0, mxfp4_gb_s = 0;
   // Prefill (to the first token) by phase: share of its time and arithmetic rate; `rest` is
   // everything outside the projection batches (attention, KDA, norms, AttnRes, routing), its
@@ -115,6 +118,27 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
   EngineOptions o = eo;
   o.max_sequences = 1;
   ATTNRES_ASSIGN_OR_RETURN(auto engine, Engine::create(model, o));
+  SingleRun r;
+  // A fresh engine's first step faults in the pages of its step arena (the activations of a
+  // 256-token prompt: tens of MB), which a serving engine pays once. So the timed request
+  // follows a warm-up request on the same engine, as llama-bench warms up: a distinct prompt of
+  // the same length (no prefix in common), one token. Its prefill rate is reported as the cold
+  // one, what the first request after start sees.
+  {
+    GenerationResult warm;
+    GenerationCallbacks wcb;
+    wcb.on_finish = [&](GenerationResult&& w) { warm = std::move(w); };
+    const int64_t vocab = model->info().vocab_size;
+    ATTNRES_RETURN_IF_ERROR(
+        engine
+            ->submit(bench_request(bench_prompt(static_cast<int64_t>(prompt.size()), vocab, 1), 1),
+                     std::move(wcb))
+            .status());
+    ATTNRES_RETURN_IF_ERROR(engine->run());
+    if (warm.reason == FinishReason::kError) return warm.error;
+    r.cold_prefill_tps = static_cast<double>(prompt.size()) / warm.ttft_seconds;
+  }
+  const EngineStats base = engine->stats();  // the timed request's figures are taken from here
   EngineStats at_first;
   bool first = true;
   GenerationResult res;
@@ -123,23 +147,25 @@ Result<SingleRun> single_run(std::shared_ptr<const Model> model, const EngineOpt
     if (first) at_first = engine->stats();
     first = false;
   };
-  cb.on_finish = [&](GenerationResult&& r) { res = std::move(r); };
+  cb.on_finish = [&](GenerationResult&& done) { res = std::move(done); };
   ATTNRES_RETURN_IF_ERROR(engine->submit(bench_request(prompt, gen + 1), std::move(cb)).status());
   ATTNRES_RETURN_IF_ERROR(engine->run());
   if (res.reason == FinishReason::kError) return res.error;
   const EngineStats& end = engine->stats();
-  SingleRun r;
   const double dc = res.decode_seconds;
   r.prefill_tps = static_cast<double>(prompt.size()) / res.ttft_seconds;
-  {  // a fresh engine: the stats at the first token are the prefill's
-    const double pt = res.ttft_seconds, pd = at_first.dense_seconds, pq = at_first.mxfp4_seconds;
+  {  // the stats from the warm-up's end to the first token are the prefill's
+    const double pt = res.ttft_seconds, pd = at_first.dense_seconds - base.dense_seconds,
+                 pq = at_first.mxfp4_seconds - base.mxfp4_seconds;
+    const double dense_flops = at_first.dense_flops - base.dense_flops,
+                 mxfp4_flops = at_first.mxfp4_flops - base.mxfp4_flops;
     const double rest_s = pt - pd - pq;
-    const double rest_flops = prefill_flops * static_cast<double>(prompt.size()) -
-                              at_first.dense_flops - at_first.mxfp4_flops;
+    const double rest_flops =
+        prefill_flops * static_cast<double>(prompt.size()) - dense_flops - mxfp4_flops;
     r.prefill_dense_share = pd / pt;
     r.prefill_mxfp4_share = pq / pt;
-    r.prefill_dense_gflop_s = pd > 0 ? at_first.dense_flops / pd * 1e-9 : 0;
-    r.prefill_mxfp4_gflop_s = pq > 0 ? at_first.mxfp4_flops / pq * 1e-9 : 0;
+    r.prefill_dense_gflop_s = pd > 0 ? dense_flops / pd * 1e-9 : 0;
+    r.prefill_mxfp4_gflop_s = pq > 0 ? mxfp4_flops / pq * 1e-9 : 0;
     r.prefill_rest_gflop_s = rest_s > 0 && rest_flops > 0 ? rest_flops / rest_s * 1e-9 : 0;
   }
   r.decode_tps = static_cast<double>(gen) / dc;
@@ -182,14 +208,15 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   const ModelInfo& info = model->info();
   const std::vector<int32_t> prompt = bench_prompt(a.prompt_tokens, info.vocab_size, 0);
   const double prefill_flops = prefill_flops_per_token(*model, a.prompt_tokens);
-  std::vector<double> prefill_tps, decode_tps, attnres_share, dense_share, dense_gb_s, mxfp4_share,
-      mxfp4_gb_s, comm_share, sustained_gb_s;
+  std::vector<double> prefill_tps, cold_prefill_tps, decode_tps, attnres_share, dense_share,
+      dense_gb_s, mxfp4_share, mxfp4_gb_s, comm_share, sustained_gb_s;
   std::vector<SingleRun> runs;  // reps >= 1
   int64_t peak_rss = 0;         // over the repetitions (not the read passes between them)
   for (int r = 0; r < a.reps; ++r) {
     auto run = single_run(model, eo, prompt, gen, prefill_flops);
     if (!run) return fail(run.status().to_string());
     prefill_tps.push_back(run->prefill_tps);
+    cold_prefill_tps.push_back(run->cold_prefill_tps);
     decode_tps.push_back(run->decode_tps);
     attnres_share.push_back(run->attnres_share);
     dense_share.push_back(run->dense_share);
@@ -253,6 +280,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"prefill_tok_s", prefill_med},
       {"prefill_tok_s_min", *pmin},
       {"prefill_tok_s_max", *pmax},
+      {"prefill_cold_tok_s", median(cold_prefill_tps)},
       {"prefill_flops_per_token", prefill_flops},
       {"peak_gflops", peak.gflop_s},
       {"peak_gflops_before", peak_before.gflop_s},
@@ -299,7 +327,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
               a.model.dtype.c_str(), thread_count(), info.ranks, info.ranks > 1 ? "s" : "");
   std::printf("workload       %lld prompt + %lld generated tokens, %d reps (median [min, max])\n",
               static_cast<long long>(a.prompt_tokens), static_cast<long long>(gen), a.reps);
-  std::printf("prefill        %.1f tok/s [%.1f, %.1f]\n", prefill_med, *pmin, *pmax);
+  std::printf("prefill        %.1f tok/s [%.1f, %.1f]; a fresh engine's first request %.1f tok/s\n",
+              prefill_med, *pmin, *pmax, median(cold_prefill_tps));
   std::printf(
       "prefill work   %.3f GFLOP/token -> %.1f GFLOP/s, %.1f%% of the %s peak %.1f GFLOP/s (best "
       "of the probes before and after the reps: %.1f, %.1f)\n",

@@ -142,8 +142,9 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
       run("bench --model " + model_ + " --prompt-tokens 5 --gen-tokens 6 --reps 2 --json");
   ASSERT_EQ(c.status, 0) << c.err;
   const auto j = nlohmann::json::parse(c.out);
-  for (const char* key : {"prefill_tok_s", "decode_tok_s", "decode_tok_s_min", "decode_tok_s_max",
-                          "bytes_per_token", "stream_gb_s", "achieved_gb_s", "peak_rss_bytes"})
+  for (const char* key :
+       {"prefill_tok_s", "prefill_cold_tok_s", "decode_tok_s", "decode_tok_s_min",
+        "decode_tok_s_max", "bytes_per_token", "stream_gb_s", "achieved_gb_s", "peak_rss_bytes"})
     EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
   EXPECT_LE(j["decode_tok_s_min"].get<double>(), j["decode_tok_s"].get<double>());
   EXPECT_LE(j["decode_tok_s"].get<double>(), j["decode_tok_s_max"].get<double>());
