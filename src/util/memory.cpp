@@ -26,6 +26,14 @@ AlignedBuffer allocate_aligned(size_t bytes) {
   const size_t size = round_up(bytes);
   void* p = std::aligned_alloc(kAlign, size);
   if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_POPULATE_WRITE
+  // Fault the whole pages of the buffer in with one call (advice only: kernels before 5.14
+  // refuse it, and the pages then fault in as touched).
+  constexpr uintptr_t kPage = 4096;
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(p) + size) & ~(kPage - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#endif
   return AlignedBuffer(static_cast<std::byte*>(p));
 }
 
