@@ -1,6 +1,7 @@
 #include "util/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -29,9 +30,9 @@ AlignedBuffer allocate_aligned(size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
   // Fault the whole pages of the buffer in with one call (advice only: kernels before 5.14
   // refuse it, and the pages then fault in as touched).
-  constexpr uintptr_t kPage = 4096;
-  const auto begin = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
-  const auto end = (reinterpret_cast<uintptr_t>(p) + size) & ~(kPage - 1);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(p) + size) & ~(page - 1);
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
 #endif
   return AlignedBuffer(static_cast<std::byte*>(p));

@@ -551,6 +551,9 @@ int run_bench(const BenchArgs& a) {
   if (!stream) return fail(stream.status().to_string());
   const ComputePeak peak = measure_compute_peak(eo->activation == ActivationType::kBF16);
   reset_peak_rss();  // the probe's arrays are freed; the peak from here on is the model's
+  // Without --concurrency each repetition's engine runs its own warm-up request first
+  // (single_run); the first of them is also the first pass over the weights.
+  if (a.concurrency.empty()) return run_single(a, *model, *eo, *stream, peak, load_s);
   {
     // Untimed warm-up at the workload's prompt length: the first pass over the memory-mapped
     // weights faults in their pages, of every expert the prompt routes to (a short prompt
@@ -559,8 +562,7 @@ int run_bench(const BenchArgs& a) {
                            bench_prompt(a.prompt_tokens, (*model)->info().vocab_size, 99), 4, 0.0);
     if (!warm) return fail(warm.status().to_string());
   }
-  if (!a.concurrency.empty()) return run_concurrent(a, *model, *eo, *stream, peak);
-  return run_single(a, *model, *eo, *stream, peak, load_s);
+  return run_concurrent(a, *model, *eo, *stream, peak);
 }
 
 const CommandRegistration kReg(
