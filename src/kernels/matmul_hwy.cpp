@@ -29,11 +29,11 @@
 // group of kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to
 // kMR tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)
-// streams each weight row exactly once. Products with fewer than 2^18 multiply-adds run on the
-// calling thread. MXFP4 rows are decoded one 32-element block at a time into registers (AVX3:
-// a 16-entry f32 permute of the scaled E2M1 table indexed by the nibbles; other targets: a byte
-// table lookup to twice the E2M1 value, widened to f32, times half the scale) and used for every
-// token of the tile; no dequantised copy of a matrix is ever made.
+// streams each weight row exactly once. Products with fewer than 2^18 multiply-adds and under
+// 128 KiB of weights run on the calling thread. MXFP4 rows are decoded one 32-element block at a
+// time into registers (AVX3: a 16-entry f32 permute of the scaled E2M1 table indexed by the
+// nibbles; other targets: a byte table lookup to twice the E2M1 value, widened to f32, times half
+// the scale) and used for every token of the tile; no dequantised copy of a matrix is ever made.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cpp"
@@ -515,6 +515,12 @@ void DriveRange(int64_t T, int64_t K, int64_t bytes_per_row, int64_t P, int64_t 
 // costs microseconds (much more when the machine is oversubscribed), more than ~256K
 // multiply-adds take.
 constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
+// A batch with at least this many bytes of weights runs in parallel however few multiply-adds
+// it has: a decode GEMV over them is bound by one core's share of the memory stream, and the
+// second core's stream more than pays for the region. KDA's f_b_proj ([1024, 128] bf16, 256 KiB,
+// 131072 multiply-adds; k3-mini decode, median per batch in two alternated runs): 8.7-8.9 us on
+// two threads against 13.1-13.2 us on the calling thread.
+constexpr int64_t kParallelMinWeightBytes = int64_t{128} << 10;
 
 template <int TM, int TN, class Tile>
 void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, const Tile& tile) {
@@ -523,7 +529,8 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, co
   // its weights front to back. Only this partition depends on the thread count; the
   // per-element arithmetic does not (see the header).
   const int64_t g = TN * P, groups = (N + g - 1) / g;
-  const bool parallel = T * N * K >= kParallelMinMacs && groups > 1;
+  const bool parallel =
+      (T * N * K >= kParallelMinMacs || N * bytes_per_row >= kParallelMinWeightBytes) && groups > 1;
   parallel_ranges(groups, parallel, [&](int64_t g0, int64_t g1) {
     DriveRange<TM, TN>(T, K, bytes_per_row, P, g0 * g, std::min(N, g1 * g), tile);
   });
@@ -1152,16 +1159,18 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   // in (job, group) order, lie on a cost axis [0, total); a grab [lo, hi) runs the units whose
   // cumulative cost starts in it, a contiguous run streamed front to back. Which thread runs a
   // unit never changes its arithmetic.
-  int64_t total = 0, units = 0;
+  int64_t total = 0, units = 0, bytes = 0;
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
     if (j.T <= 0 || j.N <= 0) continue;
     const int64_t g = JobGroupRows(j);
     total += (j.N + g - 1) / g * (g * j.K * j.T);
     units += (j.N + g - 1) / g;
+    bytes += j.N * job_row_bytes(j);
   }
   if (total == 0) return;
-  const bool parallel = total >= kParallelMinMacs && units > 1;
+  const bool parallel =
+      (total >= kParallelMinMacs || bytes >= kParallelMinWeightBytes) && units > 1;
   const int64_t nt = parallel ? parallel_threads() : 1;
   if (nt == 1) {
     RunCostRange(jobs, n_jobs, 0, total);

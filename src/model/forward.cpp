@@ -34,8 +34,19 @@ Status embed_tokens(const ModelWeights& w, const int32_t* tokens, int64_t T, flo
                                                      " is outside the vocabulary [0, " +
                                                      std::to_string(V) + ")");
   }
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < d; ++i) out[t * d + i] = w.embed.get_f32(tokens[t] * d + i);
+  // One dtype dispatch per row, not one call per element (which took 0.36% of the main thread's
+  // decode samples on k3-mini).
+  const TensorView& e = w.embed;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = tokens[t] * d;
+    float* o = out + t * d;
+    if (e.dtype == DType::kBF16) {
+      const bf16* src = e.as<bf16>() + row;
+      for (int64_t i = 0; i < d; ++i) o[i] = bf16_to_f32(src[i]);
+    } else {
+      for (int64_t i = 0; i < d; ++i) o[i] = e.get_f32(row + i);
+    }
+  }
   return Status::ok();
 }
 
