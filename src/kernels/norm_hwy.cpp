@@ -185,7 +185,10 @@ void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
 }
 
 void round_to_bf16(float* x, int64_t n, bool enabled) {
-  if (enabled) HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n);
+  if (!enabled) return;
+  parallel_ranges(n, n > kParallelMinWork, [&](int64_t i0, int64_t i1) {
+    HWY_DYNAMIC_DISPATCH(RoundToBf16)(x + i0, i1 - i0);
+  });
 }
 
 }  // namespace attnres

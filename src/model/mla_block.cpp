@@ -13,8 +13,10 @@
 #include "kernels/activation.h"
 #include "kernels/mla.h"
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 #include "model/blocks.h"
 #include "model/projection.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
@@ -63,8 +65,12 @@ void project_inputs(const ModelConfig& c, const MlaWeights& w, const MlaDims& md
     tp.start({part(cq, T, rq, 1, bf16), part(kva, T, kvw, 1, bf16)});
   else
     tp.start({part(kva, T, kvw, 1, bf16)});
-  if (a.gate != nullptr)
-    for (int64_t i = 0; i < T * md.H * md.v; ++i) a.gate[i] = sigmoidf(a.gate[i]);
+  if (a.gate != nullptr) {
+    const int64_t n = T * md.H * md.v;
+    parallel_ranges(n, n > kParallelMinWork, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) a.gate[i] = sigmoidf(a.gate[i]);
+    });
+  }
   tp.finish();
   if (cq) {
     rms_norm(cq, T, rq, w.q_a_norm, eps, bf16, cq);

@@ -2,25 +2,32 @@
 
 #include <cstring>
 
+#include "kernels/parallel.h"
 #include "parallel/gather.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
 
+// Both conversions are elementwise, so a prefill's [T, d] rows are split over the threads.
 void widen_rows(const ActView& v, float* out) {
   const int64_t n = v.numel();
-  if (v.dtype == ActDType::kF32) {
-    std::memcpy(out, v.f32_data(), sizeof(float) * static_cast<size_t>(n));
-  } else {
-    const bf16* src = v.bf16_data();
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
-  }
+  parallel_ranges(n, n > kParallelMinWork, [&](int64_t i0, int64_t i1) {
+    if (v.dtype == ActDType::kF32) {
+      std::memcpy(out + i0, v.f32_data() + i0, sizeof(float) * static_cast<size_t>(i1 - i0));
+    } else {
+      const bf16* src = v.bf16_data();
+      for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_f32(src[i]);
+    }
+  });
 }
 
 // f32 rows into bf16 storage. The bf16 flow has already rounded the values, so this is exact.
 void narrow_rows(const float* x, const ActView& v) {
   bf16* dst = v.bf16_data();
-  for (int64_t i = 0; i < v.numel(); ++i) dst[i] = f32_to_bf16(x[i]);
+  parallel_ranges(v.numel(), v.numel() > kParallelMinWork, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dst[i] = f32_to_bf16(x[i]);
+  });
 }
 
 }  // namespace

@@ -236,26 +236,34 @@ TEST(RowNorms, BitwiseWhenSumsAreExact) {
 
 // round_to_bf16 gives its twin's bits for every length (vector body and ragged end), including
 // ties (both directions), the largest finite values (which round to inf), subnormals, signed
-// zeros and NaNs; disabled, it leaves the values alone.
+// zeros and NaNs, on any thread count (a length past kParallelMinWork is split over the
+// threads); disabled, it leaves the values alone.
 TEST(RowNorms, RoundToBf16MatchesTwin) {
   const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
                                0x00000001u, 0x80400001u, 0x00000000u, 0x80000000u,
                                0x7f800000u, 0x7fc00001u, 0xff800001u, 0x3f7fffffu};
   std::mt19937 rng(3);
   std::uniform_int_distribution<uint32_t> bits;
+  std::vector<int64_t> lengths(std::begin(kLengths), std::end(kLengths));
+  lengths.push_back(3 * kParallelMinWork + 5);
   for_each_target([&] {
-    for (int64_t n : kLengths) {
+    for (int64_t n : lengths) {
       std::vector<float> x(static_cast<size_t>(n));
       for (size_t i = 0; i < x.size(); ++i)
         x[i] =
             std::bit_cast<float>(i % 3 == 0 ? specials[(i / 3) % std::size(specials)] : bits(rng));
-      std::vector<float> y = x, ref = x, off = x;
-      round_to_bf16(y.data(), n, true);
+      std::vector<float> ref = x;
       round_to_bf16_ref(ref.data(), n, true);
-      round_to_bf16(off.data(), n, false);
-      SCOPED_TRACE(testing::Message() << "n=" << n);
-      expect_bitwise(y, ref);
-      expect_bitwise(off, x);
+      for (int threads : {1, 3}) {
+        std::vector<float> y = x, off = x;
+        with_threads(threads, [&] {
+          round_to_bf16(y.data(), n, true);
+          round_to_bf16(off.data(), n, false);
+        });
+        SCOPED_TRACE(testing::Message() << "n=" << n << " threads=" << threads);
+        expect_bitwise(y, ref);
+        expect_bitwise(off, x);
+      }
     }
   });
 }
