@@ -522,6 +522,12 @@ constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
 // two threads against 13.1-13.2 us on the calling thread.
 constexpr int64_t kParallelMinWeightBytes = int64_t{128} << 10;
 
+// Whether work of `macs` multiply-adds over `weight_bytes` of weights, in `units` > 1 pieces
+// that threads can take, is worth a parallel region.
+HWY_INLINE bool WorthParallel(int64_t macs, int64_t weight_bytes, int64_t units) {
+  return (macs >= kParallelMinMacs || weight_bytes >= kParallelMinWeightBytes) && units > 1;
+}
+
 template <int TM, int TN, class Tile>
 void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, const Tile& tile) {
   // Static partition: thread i of n owns row groups [G i / n, G (i + 1) / n) (G groups of TN P
@@ -529,8 +535,7 @@ void Drive(int64_t T, int64_t N, int64_t K, int64_t bytes_per_row, int64_t P, co
   // its weights front to back. Only this partition depends on the thread count; the
   // per-element arithmetic does not (see the header).
   const int64_t g = TN * P, groups = (N + g - 1) / g;
-  const bool parallel =
-      (T * N * K >= kParallelMinMacs || N * bytes_per_row >= kParallelMinWeightBytes) && groups > 1;
+  const bool parallel = WorthParallel(T * N * K, N * bytes_per_row, groups);
   parallel_ranges(groups, parallel, [&](int64_t g0, int64_t g1) {
     DriveRange<TM, TN>(T, K, bytes_per_row, P, g0 * g, std::min(N, g1 * g), tile);
   });
@@ -1166,12 +1171,10 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
     const int64_t g = JobGroupRows(j);
     total += (j.N + g - 1) / g * (g * j.K * j.T);
     units += (j.N + g - 1) / g;
-    bytes += j.N * job_row_bytes(j);
+    bytes += job_weight_bytes(j);
   }
   if (total == 0) return;
-  const bool parallel =
-      (total >= kParallelMinMacs || bytes >= kParallelMinWeightBytes) && units > 1;
-  const int64_t nt = parallel ? parallel_threads() : 1;
+  const int64_t nt = WorthParallel(total, bytes, units) ? parallel_threads() : 1;
   if (nt == 1) {
     RunCostRange(jobs, n_jobs, 0, total);
     return;
