@@ -25,6 +25,7 @@
 #include "bench_limits.h"
 #include "kernels/compute_probe.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
 
 namespace attnres::bench {
@@ -417,6 +418,87 @@ BENCHMARK(BM_GemmBf16Act)
     ->Args({4096, 1024, 1024})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// args: T, N, K. The same bf16 product over the two weight layouts, alternated call by call:
+// row-major (matmul_bf16: vdpbf16ps dot products, a horizontal sum per output) and lane-packed
+// (matmul_bf16_lanes: one output row per lane, no horizontal sums). Best of calls against the
+// vdpbf16ps peak probed in the same process, and lanes_vs_row_major = best row-major time / best
+// lane-packed time.
+void BM_GemmBf16Layouts(benchmark::State& state) {
+  const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
+  const std::vector<bf16> w = random_bf16(N * K, 8);  // [N, K]
+  std::vector<bf16> packed(static_cast<size_t>(bf16_lanes_size(N, K)));
+  pack_bf16_lanes(w.data(), N, K, packed.data());
+  const std::vector<bf16> x = random_bf16(T * K, 9);  // [T, K]
+  std::vector<float> y(static_cast<size_t>(T * N));   // [T, N]
+  BestOf row_major, lanes;
+  for (auto _ : state) {
+    row_major.time([&] { matmul_bf16(x.data(), T, bf16_view(w, N, K, 0), y.data()); });
+    lanes.time([&] { matmul_bf16_lanes(x.data(), T, packed.data(), N, K, 0, N, y.data(), N); });
+    benchmark::DoNotOptimize(y.data());
+  }
+  static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;
+  const double gflop = 2.0 * static_cast<double>(T * N * K) * 1e-9;
+  state.counters["dot_peak_GFLOP_s"] = peak;
+  state.counters["row_major_of_peak"] = gflop / row_major.seconds() / peak;
+  state.counters["lanes_of_peak"] = gflop / lanes.seconds() / peak;
+  state.counters["lanes_vs_row_major"] = row_major.seconds() / lanes.seconds();
+}
+BENCHMARK(BM_GemmBf16Layouts)
+    ->ArgNames({"T", "N", "K"})
+    ->Args({256, 1024, 1024})  // k3-mini: MLA / KDA projections, shared experts, the head's shape
+    ->Args({256, 4096, 1024})
+    ->Args({256, 1024, 4096})
+    ->Args({256, 2048, 512})
+    ->Args({16, 4096, 1024})
+    ->Iterations(30)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// args: N, K. Decode (T = 1) over the two layouts from memory: copies of the matrix in each
+// layout, cycled so every call reads cold weights, the two layouts alternated call by call.
+// Mean and best GB/s of each, against the STREAM read probe; lanes_vs_row_major_mean = mean
+// row-major time / mean lane-packed time.
+void BM_GemvBf16Layouts(benchmark::State& state) {
+  const int64_t N = state.range(0), K = state.range(1), per = N * K;
+  const int64_t copies = copies_for(per * 2);
+  const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
+  const int64_t pper = bf16_lanes_size(N, K);
+  std::vector<bf16> packed(static_cast<size_t>(pper * copies));
+  for (int64_t c = 0; c < copies; ++c)
+    pack_bf16_lanes(w.data() + c * per, N, K, packed.data() + c * pper);
+  const std::vector<bf16> x = random_bf16(K, 2);  // [K]
+  std::vector<float> y(static_cast<size_t>(N));   // [N]
+  BestOf row_major, lanes;
+  int64_t c = 0;
+  for (auto _ : state) {
+    const int64_t other = (c + copies / 2) % copies;
+    row_major.time([&] { matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
+    lanes.time([&] {
+      matmul_bf16_lanes(x.data(), 1, packed.data() + other * pper, N, K, 0, N, y.data(), N);
+    });
+    benchmark::DoNotOptimize(y.data());
+    c = (c + 1) % copies;
+  }
+  const double bytes = static_cast<double>(per * 2),
+               calls = static_cast<double>(state.iterations());
+  const double read = stream_limit().read_gb_s;
+  state.counters["stream_read_GB/s"] = read;
+  state.counters["row_major_mean_GB/s"] = bytes * calls / row_major.total() * 1e-9;
+  state.counters["lanes_mean_GB/s"] = bytes * calls / lanes.total() * 1e-9;
+  state.counters["row_major_best_GB/s"] = bytes / row_major.seconds() * 1e-9;
+  state.counters["lanes_best_GB/s"] = bytes / lanes.seconds() * 1e-9;
+  state.counters["lanes_vs_row_major_mean"] = row_major.total() / lanes.total();
+}
+BENCHMARK(BM_GemvBf16Layouts)
+    ->ArgNames({"N", "K"})
+    ->Args({1024, 1024})
+    ->Args({1536, 1024})
+    ->Args({4096, 1024})
+    ->Args({8192, 1024})
+    ->Args({1024, 4096})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // args: N, K. Decode GEMV with a bf16 activation vector (same weight bytes as BM_GemvBf16).
 void BM_GemvBf16Act(benchmark::State& state) {

@@ -1,0 +1,222 @@
+// Lane-packed BF16 projections (matmul_lanes.h) with Highway runtime dispatch.
+//
+// AVX3 with AVX512_BF16: register tiles of MR tokens (1-6) x one group of 64 rows, 4 x MR
+// accumulators kept over the whole K. Per pair of columns a tile loads the group's four weight
+// vectors (256 contiguous bytes) and broadcasts each token's pair once, then issues 4 x MR
+// vdpbf16ps. Other targets run the same per-lane order in f32: a pair's odd product is added
+// first, then the even one (MulAdd on an exact product rounds once, like an add of it).
+//
+// Blocking: a thread takes a contiguous range of groups; tokens are walked in blocks of about
+// 512 KiB of bf16 rows (L2), each block applied to every group of the range before the next, so
+// a group's 64 x K weights (128 KiB at K = 1024) are read from memory once per token block and
+// the tiles after the first find them in L2.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul_lanes_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/matmul_lanes.h"
+#include "util/cpu.h"
+#include "util/parallel.h"
+
+#if HWY_TARGET == HWY_AVX3
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int64_t kGroup = kLaneGroupRows;
+constexpr int kMaxTileTokens = 6;
+
+// Lanes [lo, hi) of a group (0 <= lo < hi <= 64) are the rows a call writes.
+struct LaneSpan {
+  int64_t lo, hi;
+};
+
+// Calls tile(t, mr) over tokens [0, n) in ceil(n / 6) tiles of near-equal size (7 = 4 + 3), so no
+// tile is much shorter than the others.
+template <class Tile>
+HWY_INLINE void ForEachTokenTile(int64_t n, const Tile& tile) {
+  const int64_t tiles = (n + kMaxTileTokens - 1) / kMaxTileTokens;
+  int64_t t = 0;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int64_t mr = n / tiles + (i < n % tiles ? 1 : 0);
+    tile(t, mr);
+    t += mr;
+  }
+}
+
+// Widened halves of a vector of packed pairs (u32 lane = even element in the low 16 bits).
+template <class DF, class VU>
+HWY_INLINE void WidenPairs(DF df, VU pairs, hn::Vec<DF>& even, hn::Vec<DF>& odd) {
+  const hn::RebindToUnsigned<DF> du;
+  even = hn::BitCast(df, hn::ShiftLeft<16>(pairs));
+  odd = hn::BitCast(df, hn::And(pairs, hn::Set(du, 0xFFFF0000u)));
+}
+
+// Generic targets: MR tokens x one vector of rows (lanes v0 .. v0 + L of the group).
+template <int MR>
+HWY_INLINE void GenericTile(const uint16_t* HWY_RESTRICT x, int64_t K,
+                            const uint16_t* HWY_RESTRICT group, int64_t v0, float* HWY_RESTRICT y,
+                            int64_t ldy, LaneSpan span) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<decltype(df)> acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = hn::Zero(df);
+  for (int64_t q = 0; q < K / 2; ++q) {
+    const auto pairs =
+        hn::LoadU(du, reinterpret_cast<const uint32_t*>(group + (q * kGroup + v0) * 2));
+    hn::Vec<decltype(df)> even, odd;
+    WidenPairs(df, pairs, even, odd);
+    for (int m = 0; m < MR; ++m) {
+      const float xe = bf16_to_f32(bf16{x[m * K + 2 * q]});
+      const float xo = bf16_to_f32(bf16{x[m * K + 2 * q + 1]});
+      acc[m] = hn::MulAdd(hn::Set(df, xo), odd, acc[m]);
+      acc[m] = hn::MulAdd(hn::Set(df, xe), even, acc[m]);
+    }
+  }
+  HWY_ALIGN float out[hn::MaxLanes(df)];
+  for (int m = 0; m < MR; ++m) {
+    hn::Store(acc[m], df, out);
+    for (int64_t j = std::max(v0, span.lo); j < std::min(v0 + L, span.hi); ++j)
+      y[m * ldy + j] = out[j - v0];
+  }
+}
+
+template <int MR>
+HWY_NOINLINE void GenericGroupTile(const uint16_t* x, int64_t K, const uint16_t* group, float* y,
+                                   int64_t ldy, LaneSpan span) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += L)
+    GenericTile<MR>(x, K, group, v0, y, ldy, span);
+}
+
+#if HWY_TARGET == HWY_AVX3
+#define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+// Decode reads a group front to back; this far ahead (2 KiB) a tile of one token prefetches.
+constexpr int64_t kPrefetchPairs = 8;
+
+template <int MR>
+ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, int64_t K,
+                                                const uint16_t* HWY_RESTRICT group,
+                                                float* HWY_RESTRICT y, int64_t ldy, LaneSpan span) {
+  __m512 acc[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < K / 2; ++q) {
+    const uint16_t* wq = group + q * kGroup * 2;
+    if constexpr (MR == 1) {
+      if (q + kPrefetchPairs < K / 2) {
+        const char* ahead = reinterpret_cast<const char*>(wq + kPrefetchPairs * kGroup * 2);
+        for (int v = 0; v < 4; ++v) _mm_prefetch(ahead + 64 * v, _MM_HINT_T0);
+      }
+    }
+    __m512bh w[4];
+    for (int v = 0; v < 4; ++v) w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wq + 32 * v));
+    for (int m = 0; m < MR; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
+      const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], b, w[v]);
+    }
+  }
+  for (int v = 0; v < 4; ++v) {
+    const int64_t lo = std::max<int64_t>(span.lo, 16 * v),
+                  hi = std::min<int64_t>(span.hi, 16 * v + 16);
+    if (lo >= hi) continue;
+    const __mmask16 keep =
+        static_cast<__mmask16>(((1u << (hi - 16 * v)) - 1) & ~((1u << (lo - 16 * v)) - 1));
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * v, keep, acc[m][v]);
+  }
+}
+#undef ATTNRES_BF16_DOT
+#endif  // HWY_TARGET == HWY_AVX3
+
+// One tile of mr tokens over one group: y points at the group's row 0 of the first token.
+HWY_INLINE void GroupTile(int64_t mr, const uint16_t* x, int64_t K, const uint16_t* group, float* y,
+                          int64_t ldy, LaneSpan span, bool dot) {
+  const auto run = [&](auto tag) {
+    constexpr int MR = decltype(tag)::value;
+#if HWY_TARGET == HWY_AVX3
+    if (dot) return DotLanesTile<MR>(x, K, group, y, ldy, span);
+#endif
+    (void)dot;
+    GenericGroupTile<MR>(x, K, group, y, ldy, span);
+  };
+  switch (mr) {
+    case 1:
+      return run(std::integral_constant<int, 1>());
+    case 2:
+      return run(std::integral_constant<int, 2>());
+    case 3:
+      return run(std::integral_constant<int, 3>());
+    case 4:
+      return run(std::integral_constant<int, 4>());
+    case 5:
+      return run(std::integral_constant<int, 5>());
+    default:
+      return run(std::integral_constant<int, 6>());
+  }
+}
+
+// Groups [g_begin, g_end) of the packed matrix, limited to rows [row0, row0 + rows); y is the
+// output of row row0.
+void LanesGroups(const uint16_t* x, int64_t T, const uint16_t* packed, int64_t K, int64_t row0,
+                 int64_t rows, int64_t g_begin, int64_t g_end, float* y, int64_t ldy) {
+  bool dot = false;
+#if HWY_TARGET == HWY_AVX3
+  dot = cpu_info().avx512bf16;
+#endif
+  int64_t tb = std::max<int64_t>(kMaxTileTokens, (512 << 10) / std::max<int64_t>(K * 2, 1));
+  tb = tb / kMaxTileTokens * kMaxTileTokens;
+  for (int64_t t0 = 0; t0 < T; t0 += tb) {
+    const int64_t tn = std::min(tb, T - t0);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      const int64_t first = g * kGroup;  // the group's row 0
+      const LaneSpan span{std::max<int64_t>(row0 - first, 0),
+                          std::min<int64_t>(row0 + rows - first, kGroup)};
+      const uint16_t* group = packed + first * K;
+      ForEachTokenTile(tn, [&](int64_t t, int64_t mr) {
+        GroupTile(mr, x + (t0 + t) * K, K, group, y + (t0 + t) * ldy + (first - row0), ldy, span,
+                  dot);
+      });
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(LanesGroups);
+
+void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
+                       int64_t row0, int64_t rows, float* y, int64_t ldy) {
+  if (T <= 0 || rows <= 0) return;
+  (void)N;
+  const int64_t g_first = row0 / kLaneGroupRows;
+  const int64_t g_end = (row0 + rows + kLaneGroupRows - 1) / kLaneGroupRows;
+  // Split like the other projections: 2^18 multiply-adds or 128 KiB of weights make it worth
+  // waking the workers.
+  const bool parallel = T * rows * K >= (int64_t{1} << 18) || rows * K * 2 >= (128 << 10);
+  const auto* xu = reinterpret_cast<const uint16_t*>(x);
+  const auto* pu = reinterpret_cast<const uint16_t*>(packed);
+  parallel_ranges(g_end - g_first, parallel, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(LanesGroups)(xu, T, pu, K, row0, rows, g_first + b, g_first + e, y, ldy);
+  });
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE
