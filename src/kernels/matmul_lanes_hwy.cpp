@@ -16,6 +16,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 
@@ -204,8 +205,9 @@ HWY_EXPORT(LanesGroups);
 
 void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
                        int64_t row0, int64_t rows, float* y, int64_t ldy) {
+  assert(K % 2 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= N);
+  (void)N;  // only the contract's check reads it
   if (T <= 0 || rows <= 0) return;
-  (void)N;
   const int64_t g_first = row0 / kLaneGroupRows;
   const int64_t g_end = (row0 + rows + kLaneGroupRows - 1) / kLaneGroupRows;
   // Split like the other projections: 2^18 multiply-adds or 128 KiB of weights make it worth
