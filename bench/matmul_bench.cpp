@@ -427,7 +427,7 @@ BENCHMARK(BM_GemmBf16Act)
 void BM_GemmBf16Layouts(benchmark::State& state) {
   const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
   const std::vector<bf16> w = random_bf16(N * K, 8);  // [N, K]
-  std::vector<bf16> packed(static_cast<size_t>(bf16_lanes_size(N, K)));
+  std::vector<bf16> packed(static_cast<size_t>(lanes_size(N, K)));
   pack_bf16_lanes(w.data(), N, K, packed.data());
   const std::vector<bf16> x = random_bf16(T * K, 9);  // [T, K]
   std::vector<float> y(static_cast<size_t>(T * N));   // [T, N]
@@ -463,7 +463,7 @@ void BM_GemvBf16Layouts(benchmark::State& state) {
   const int64_t N = state.range(0), K = state.range(1), per = N * K;
   const int64_t copies = copies_for(per * 2);
   const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
-  const int64_t pper = bf16_lanes_size(N, K);
+  const int64_t pper = lanes_size(N, K);
   std::vector<bf16> packed(static_cast<size_t>(pper * copies));
   for (int64_t c = 0; c < copies; ++c)
     pack_bf16_lanes(w.data() + c * per, N, K, packed.data() + c * pper);

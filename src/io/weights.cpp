@@ -9,10 +9,12 @@
 #include "io/weights.h"
 
 #include <algorithm>
+#include <cassert>
 #include <new>
 #include <set>
 
 #include "io/safetensors.h"
+#include "util/lanes.h"
 #include "util/memory.h"
 
 namespace attnres {
@@ -105,6 +107,70 @@ class Binder {
     report_->rank_bytes += static_cast<int64_t>(s.nbytes);
     if ((shard_.sharded() || residence_ == WeightResidence::kPrivate) && s.nbytes > 0)
       return private_copy(canon, v, s);
+    return s;
+  }
+
+  // A projection's weights, read only through projection jobs (kernels/matmul.h): bound like
+  // bind() (units == 0) or bind_split(), and then, when BF16 with an even K, stored lane-packed
+  // (util/lanes.h) in private memory whatever the residence, so the same bits come out of every
+  // load (see the file comment in weights.h).
+  TensorView bind_projection(const std::string& canon, const Shape& shape,
+                             const std::string& formula, int64_t units = 0, int64_t unit_rows = 1) {
+    if (specs_ != nullptr) {
+      specs_->push_back({canon, false, shape, units, units > 0 ? unit_rows : 0});
+      return TensorView{};
+    }
+    TensorView v = bind_whole(canon, Kind::kFloat, shape, formula);
+    if (v.name.empty() || v.dtype != DType::kBF16 || v.shape[1] % 2 != 0)
+      return units > 0 ? bind_split(canon, Kind::kFloat, shape, formula, units, unit_rows)
+                       : bind(canon, Kind::kFloat, shape, formula);
+    TensorView s = v;
+    if (units > 0) {
+      const Range r = shard_.range(units);
+      s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
+      report_->rank_bytes += static_cast<int64_t>(s.nbytes);
+    } else {
+      replicated(v);
+    }
+    return s.nbytes > 0 ? lanes_copy(canon, v, s) : s;
+  }
+
+  // `rows` (a slice of the mapped BF16 [N, K] `whole`) read from the file group by group into
+  // private memory in the lane-packed layout; an empty view, with the problem recorded, when
+  // the read fails.
+  TensorView lanes_copy(const std::string& canon, const TensorView& whole, const TensorView& rows) {
+    if (!ok()) return rows;  // the load fails: read nothing more
+    const int64_t N = rows.shape[0], K = rows.shape[1];
+    const size_t bytes = static_cast<size_t>(lanes_size(N, K)) * sizeof(bf16);
+    std::byte* buf = nullptr;
+    std::vector<bf16> group;
+    try {
+      buf = owned_->allocate(bytes);
+      group.resize(static_cast<size_t>(kLaneGroupRows * K));
+    } catch (const std::bad_alloc&) {
+      problem(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(bytes) +
+                                                 " bytes to read tensor '" + whole.name +
+                                                 "' into memory");
+      return TensorView{};
+    }
+    const SafetensorsCheckpoint::Location* loc = ck_->find(canon_.at(canon));
+    const auto offset = static_cast<uint64_t>(rows.data - whole.data);
+    const size_t row_bytes = static_cast<size_t>(K) * sizeof(bf16);
+    for (int64_t g = 0; g * kLaneGroupRows < N; ++g) {
+      const int64_t n = std::min(kLaneGroupRows, N - g * kLaneGroupRows);
+      Status st = ck_->files()[loc->file]->read_bytes(
+          *loc->entry, offset + static_cast<uint64_t>(g * kLaneGroupRows) * row_bytes,
+          static_cast<size_t>(n) * row_bytes, reinterpret_cast<std::byte*>(group.data()));
+      if (!st.is_ok()) {
+        problem(st.code(), st.message());
+        return TensorView{};
+      }
+      pack_bf16_lanes_group(group.data(), g, N, K, reinterpret_cast<bf16*>(buf));
+    }
+    TensorView s = rows;  // nbytes: the values' bytes, as for every view (util/tensor.h)
+    s.data = buf;
+    s.layout = Layout::kBf16Lanes;
+    report_->bytes_private += static_cast<int64_t>(bytes);
     return s;
   }
 
@@ -258,6 +324,7 @@ class Binder {
 }  // namespace
 
 TensorView slice_rows(const TensorView& v, int64_t row0, int64_t rows) {
+  assert(v.layout == Layout::kRowMajor);
   TensorView s = v;
   if (v.shape.empty() || v.shape[0] == 0) return s;
   const size_t row_bytes = v.nbytes / static_cast<size_t>(v.shape[0]);
@@ -332,34 +399,34 @@ KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t dv = dk, P = H * dk, W = c.linear.short_conv_kernel_size;
   const std::string proj = dims({{"H*head_dim", P}, {"hidden_size", d}});
   KdaWeights w;
-  w.q_proj = b.bind_split(p + "q_proj.weight", Kind::kFloat, {P, d}, proj, H, dk);
-  w.k_proj = b.bind_split(p + "k_proj.weight", Kind::kFloat, {P, d}, proj, H, dk);
-  w.v_proj = b.bind_split(p + "v_proj.weight", Kind::kFloat, {P, d}, proj, H, dv);
+  w.q_proj = b.bind_projection(p + "q_proj.weight", {P, d}, proj, H, dk);
+  w.k_proj = b.bind_projection(p + "k_proj.weight", {P, d}, proj, H, dk);
+  w.v_proj = b.bind_projection(p + "v_proj.weight", {P, d}, proj, H, dv);
   const std::string conv = dims({{"H*head_dim", P}, {"short_conv_kernel_size", W}});
   w.q_conv = b.bind_split(p + "q_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dk);
   w.k_conv = b.bind_split(p + "k_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dk);
   w.v_conv = b.bind_split(p + "v_conv1d.weight", Kind::kFloat, {P, 1, W}, conv, H, dv);
-  w.f_a_proj = b.bind(p + "f_a_proj.weight", Kind::kFloat, {dk, d},
-                      dims({{"head_dim", dk}, {"hidden_size", d}}));
-  w.f_b_proj = b.bind_split(p + "f_b_proj.weight", Kind::kFloat, {P, dk},
-                            dims({{"H*head_dim", P}, {"head_dim", dk}}), H, dk);
-  w.b_proj = b.bind_split(p + "b_proj.weight", Kind::kFloat, {H, d},
-                          dims({{"num_heads", H}, {"hidden_size", d}}), H, 1);
+  w.f_a_proj = b.bind_projection(p + "f_a_proj.weight", {dk, d},
+                                 dims({{"head_dim", dk}, {"hidden_size", d}}));
+  w.f_b_proj = b.bind_projection(p + "f_b_proj.weight", {P, dk},
+                                 dims({{"H*head_dim", P}, {"head_dim", dk}}), H, dk);
+  w.b_proj = b.bind_projection(p + "b_proj.weight", {H, d},
+                               dims({{"num_heads", H}, {"hidden_size", d}}), H, 1);
   if (c.linear.use_full_rank_gate) {
-    w.g_proj = b.bind_split(p + "g_proj.weight", Kind::kFloat, {H * dv, d},
-                            dims({{"H*head_dim", H * dv}, {"hidden_size", d}}), H, dv);
+    w.g_proj = b.bind_projection(p + "g_proj.weight", {H * dv, d},
+                                 dims({{"H*head_dim", H * dv}, {"hidden_size", d}}), H, dv);
   } else {
-    w.g_a_proj = b.bind(p + "g_a_proj.weight", Kind::kFloat, {dv, d},
-                        dims({{"head_dim", dv}, {"hidden_size", d}}));
-    w.g_b_proj = b.bind_split(p + "g_b_proj.weight", Kind::kFloat, {H * dv, dv},
-                              dims({{"H*head_dim", H * dv}, {"head_dim", dv}}), H, dv);
+    w.g_a_proj = b.bind_projection(p + "g_a_proj.weight", {dv, d},
+                                   dims({{"head_dim", dv}, {"hidden_size", d}}));
+    w.g_b_proj = b.bind_projection(p + "g_b_proj.weight", {H * dv, dv},
+                                   dims({{"H*head_dim", H * dv}, {"head_dim", dv}}), H, dv);
   }
   w.a_log = bind_a_log(b, p + "A_log", H, w.a_log_stored);
   w.a_log_group = dk;
   w.dt_bias = b.bind_split(p + "dt_bias", Kind::kFloat, {P}, dims({{"H*head_dim", P}}), H, dk);
   w.o_norm = b.bind(p + "o_norm.weight", Kind::kFloat, {dv}, dims({{"head_dim", dv}}));
-  w.o_proj = b.bind_split(p + "o_proj.weight", Kind::kFloat, {d, H * dv},
-                          dims({{"hidden_size", d}, {"H*head_dim", H * dv}}), d, 1);
+  w.o_proj = b.bind_projection(p + "o_proj.weight", {d, H * dv},
+                               dims({{"hidden_size", d}, {"H*head_dim", H * dv}}), d, 1);
   return w;
 }
 
@@ -371,31 +438,31 @@ MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t rq = c.q_lora_rank, rkv = c.kv_lora_rank;
   MlaWeights w;
   if (rq > 0) {
-    w.q_a_proj = b.bind_split(p + "q_a_proj.weight", Kind::kFloat, {rq, d},
-                              dims({{"q_lora_rank", rq}, {"hidden_size", d}}), rq, 1);
+    w.q_a_proj = b.bind_projection(p + "q_a_proj.weight", {rq, d},
+                                   dims({{"q_lora_rank", rq}, {"hidden_size", d}}), rq, 1);
     w.q_a_norm =
         b.bind(p + "q_a_layernorm.weight", Kind::kFloat, {rq}, dims({{"q_lora_rank", rq}}));
-    w.q_b_proj = b.bind_split(
-        p + "q_b_proj.weight", Kind::kFloat, {H * (nope + rope), rq},
+    w.q_b_proj = b.bind_projection(
+        p + "q_b_proj.weight", {H * (nope + rope), rq},
         dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"q_lora_rank", rq}}), H, nope + rope);
   } else {
-    w.q_proj = b.bind_split(p + "q_proj.weight", Kind::kFloat, {H * (nope + rope), d},
-                            dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}),
-                            H, nope + rope);
+    w.q_proj = b.bind_projection(
+        p + "q_proj.weight", {H * (nope + rope), d},
+        dims({{"H*(qk_nope+qk_rope)", H * (nope + rope)}, {"hidden_size", d}}), H, nope + rope);
   }
-  w.kv_a_proj =
-      b.bind_split(p + "kv_a_proj_with_mqa.weight", Kind::kFloat, {rkv + rope, d},
-                   dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}), rkv + rope, 1);
+  w.kv_a_proj = b.bind_projection(p + "kv_a_proj_with_mqa.weight", {rkv + rope, d},
+                                  dims({{"kv_lora_rank+qk_rope", rkv + rope}, {"hidden_size", d}}),
+                                  rkv + rope, 1);
   w.kv_a_norm =
       b.bind(p + "kv_a_layernorm.weight", Kind::kFloat, {rkv}, dims({{"kv_lora_rank", rkv}}));
   w.kv_b_proj = b.bind_split(
       p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
       dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}), H, nope + v);
   if (c.mla_use_output_gate)
-    w.g_proj = b.bind_split(p + "g_proj.weight", Kind::kFloat, {H * v, d},
-                            dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}), H, v);
-  w.o_proj = b.bind_split(p + "o_proj.weight", Kind::kFloat, {d, H * v},
-                          dims({{"hidden_size", d}, {"H*v_head_dim", H * v}}), d, 1);
+    w.g_proj = b.bind_projection(p + "g_proj.weight", {H * v, d},
+                                 dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}), H, v);
+  w.o_proj = b.bind_projection(p + "o_proj.weight", {d, H * v},
+                               dims({{"hidden_size", d}, {"H*v_head_dim", H * v}}), d, 1);
   return w;
 }
 
@@ -414,8 +481,8 @@ ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::stri
                            dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
                            rows, 1);
   } else {
-    m.dense = b.bind_split(p + ".weight", Kind::kFloat, {rows, cols},
-                           dims({{rows_name, rows}, {cols_name, cols}}), rows, 1);
+    m.dense = b.bind_projection(p + ".weight", {rows, cols},
+                                dims({{rows_name, rows}, {cols_name, cols}}), rows, 1);
   }
   return m;
 }
@@ -429,8 +496,8 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
   const int64_t K = c.routed_expert_hidden_size.value_or(d);
   const char* k_name = c.routed_expert_hidden_size ? "routed_expert_hidden_size" : "hidden_size";
   MoeWeights w;
-  w.gate = b.bind_split(p + "gate.weight", Kind::kFloat, {E, d},
-                        dims({{"num_experts", E}, {"hidden_size", d}}), E, 1);
+  w.gate = b.bind_projection(p + "gate.weight", {E, d},
+                             dims({{"num_experts", E}, {"hidden_size", d}}), E, 1);
   w.gate_bias =
       b.bind(p + "gate.e_score_correction_bias", Kind::kFloat, {E}, dims({{"num_experts", E}}));
   // E is only trusted once the router [E, d] exists in the file (it bounds the allocation).
@@ -451,23 +518,24 @@ MoeWeights bind_moe(Binder& b, const ModelConfig& c, const std::string& p) {
       return w;
     }
     const std::string f = dims({{"num_shared_experts*moe_intermediate_size", SI}});
-    w.shared_gate = b.bind_split(p + "shared_experts.gate_proj.weight", Kind::kFloat, {SI, d},
-                                 f + ", hidden_size = " + std::to_string(d), SI, 1);
-    w.shared_up = b.bind_split(p + "shared_experts.up_proj.weight", Kind::kFloat, {SI, d},
-                               f + ", hidden_size = " + std::to_string(d), SI, 1);
-    w.shared_down = b.bind_split(p + "shared_experts.down_proj.weight", Kind::kFloat, {d, SI},
-                                 "hidden_size = " + std::to_string(d) + ", " + f, d, 1);
+    w.shared_gate = b.bind_projection(p + "shared_experts.gate_proj.weight", {SI, d},
+                                      f + ", hidden_size = " + std::to_string(d), SI, 1);
+    w.shared_up = b.bind_projection(p + "shared_experts.up_proj.weight", {SI, d},
+                                    f + ", hidden_size = " + std::to_string(d), SI, 1);
+    w.shared_down = b.bind_projection(p + "shared_experts.down_proj.weight", {d, SI},
+                                      "hidden_size = " + std::to_string(d) + ", " + f, d, 1);
   }
   if (c.routed_expert_hidden_size) {
     const int64_t r = *c.routed_expert_hidden_size;
     w.latent_down =
-        b.bind_split(p + "routed_expert_down_proj.weight", Kind::kFloat, {r, d},
-                     dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}), r, 1);
+        b.bind_projection(p + "routed_expert_down_proj.weight", {r, d},
+                          dims({{"routed_expert_hidden_size", r}, {"hidden_size", d}}), r, 1);
     if (c.latent_moe_use_norm)
       w.latent_norm = b.bind(p + "routed_expert_norm.weight", Kind::kFloat, {r},
                              dims({{"routed_expert_hidden_size", r}}));
-    w.latent_up = b.bind_split(p + "routed_expert_up_proj.weight", Kind::kFloat, {d, r},
-                               dims({{"hidden_size", d}, {"routed_expert_hidden_size", r}}), d, 1);
+    w.latent_up =
+        b.bind_projection(p + "routed_expert_up_proj.weight", {d, r},
+                          dims({{"hidden_size", d}, {"routed_expert_hidden_size", r}}), d, 1);
   }
   return w;
 }
@@ -477,10 +545,10 @@ DenseMlpWeights bind_dense(Binder& b, const ModelConfig& c, const std::string& p
   const int64_t d = c.hidden_size, I = c.intermediate_size;
   const std::string f = dims({{"intermediate_size", I}, {"hidden_size", d}});
   DenseMlpWeights w;
-  w.gate = b.bind_split(p + "gate_proj.weight", Kind::kFloat, {I, d}, f, I, 1);
-  w.up = b.bind_split(p + "up_proj.weight", Kind::kFloat, {I, d}, f, I, 1);
-  w.down = b.bind_split(p + "down_proj.weight", Kind::kFloat, {d, I},
-                        dims({{"hidden_size", d}, {"intermediate_size", I}}), d, 1);
+  w.gate = b.bind_projection(p + "gate_proj.weight", {I, d}, f, I, 1);
+  w.up = b.bind_projection(p + "up_proj.weight", {I, d}, f, I, 1);
+  w.down = b.bind_projection(p + "down_proj.weight", {d, I},
+                             dims({{"hidden_size", d}, {"intermediate_size", I}}), d, 1);
   return w;
 }
 
@@ -528,7 +596,7 @@ void bind_model(Binder& b, const ModelConfig& c, ModelWeights& mw) {
     const Range r = b.shard().range(V);
     mw.lm_head = slice_rows(mw.embed, r.begin, r.size());
   } else {
-    mw.lm_head = b.bind_split("lm_head.weight", Kind::kFloat, {V, d}, vd, V, 1);
+    mw.lm_head = b.bind_projection("lm_head.weight", {V, d}, vd, V, 1);
   }
   if (c.schedule.has_attnres())
     mw.out_res_query = fold_query(b, "output_attn_res", d, mw.out_res_norm, mw.out_res_proj);

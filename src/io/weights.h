@@ -8,7 +8,14 @@
 // read-only file mapping. Measured on k3-mini, decode streams those copies about 1.6x faster
 // than the same bytes through the mapping of page-cache pages (README, "Weights in memory").
 // kMapped (--mmap) leaves every tensor a view of the mapping: zero copy, a faster start and a
-// page cache shared between processes, except the sharded rows below.
+// page cache shared between processes, except the sharded rows below and the projections.
+//
+// Projections: every BF16 matrix [N, K] (K even) that the forward reads only through projection
+// jobs (attention and MLP projections, the router, shared, latent and dense experts, an untied
+// lm_head) is read group by group into private memory in the lane-packed layout (util/lanes.h,
+// TensorView::layout), whatever the residence, so the same bits come out of every load and
+// every rank count (an output's bits depend only on its row and K). MLA's kv_b_proj (read by
+// the attention kernels row by row), the embedding and a tied head stay row-major.
 //
 // Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
 // tensor is bound as this rank's contiguous rows only (its balanced share of the output rows, in

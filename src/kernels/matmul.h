@@ -13,7 +13,8 @@
 namespace attnres {
 
 // Dispatched (fast) path: Highway kernels (matmul_hwy.cpp) for the best target this CPU
-// supports, OpenMP over output rows. Accumulation order per output: see matmul_hwy.cpp.
+// supports, OpenMP over output rows. Accumulation order per output: see matmul_hwy.cpp, and
+// matmul_lanes.h for a lane-packed W.
 void matmul(const float* x, int64_t T, const TensorView& W, float* y);
 // Scalar reference: f64-free, f32 accumulation in k order.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y);
@@ -53,7 +54,9 @@ void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const ui
 // that job (bitwise equal; only the split of rows over threads differs), so results do not depend
 // on the thread count or on how jobs are grouped into batches. Jobs must not write to memory
 // another job of the batch reads.
-enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4 };
+// kBF16Lanes: BF16 weights in the lane-packed layout (matmul_lanes.h: its arithmetic and bits,
+// with xh or x alike); rows are split over threads in whole groups of 64.
+enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4, kBF16Lanes };
 
 struct MatmulJob {
   const float* x = nullptr;  // [T, K] f32
@@ -65,7 +68,7 @@ struct MatmulJob {
   const bf16* xh = nullptr;
   int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;
-  const void* w = nullptr;         // [N, K] f32 or bf16; MXFP4: packed nibbles [N, K/2]
+  const void* w = nullptr;         // [N, K] f32 or bf16 (kBF16Lanes: packed); MXFP4: [N, K/2]
   const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise
   int64_t N = 0, K = 0;
   float* y = nullptr;  // [T, N] f32, rows ldy apart
@@ -75,8 +78,8 @@ struct MatmulJob {
   bool round_bf16 = false;
 };
 
-// A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight), or over rows
-// [row0, row0 + rows) of it.
+// A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight, row-major or lane-packed),
+// or over rows [row0, row0 + rows) of a row-major one.
 MatmulJob dense_job(const float* x, int64_t T, const TensorView& W, float* y);
 MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t row0, int64_t rows,
                          float* y);
@@ -89,14 +92,14 @@ MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint
                     int64_t N, int64_t K, float* y);
 
 // Bytes of one weight row of the job (MXFP4: packed values and scales), and of all the weights
-// it reads (N rows; 0 when T = 0, which reads nothing).
+// it reads (N rows, without a lane-packed matrix's padding; 0 when T = 0, which reads nothing).
 int64_t job_row_bytes(const MatmulJob& j);
 int64_t job_weight_bytes(const MatmulJob& j);
 
 // Runs every job; work is cut by (job, row group) into chunks of equal T * rows * K, which the
 // OpenMP threads take in turn. Small batches run on the calling thread.
 void matmul_batch(const MatmulJob* jobs, int64_t n_jobs);
-// Scalar twin: each job through matmul_ref / mxfp4_matmul_ref.
+// Scalar twin: each job's outputs in k order (matmul_ref / mxfp4_matmul_ref's arithmetic).
 void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs);
 
 // Name of the Highway target the dispatched kernels run on here ("AVX3" = AVX-512, "AVX2",

@@ -52,6 +52,7 @@
 
 #include "kernels/bf16_hwy-inl.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
 #include "util/parallel.h"
 
@@ -1055,15 +1056,26 @@ bool JobDotBf16(const MatmulJob& j) {
 #endif
 }
 
-// The PageStride a job's rows are walked with: 1 for MXFP4 (see Mxfp4Matmul) and for
-// vdpbf16ps work (see WithDotBf16Tiles).
+// The PageStride a job's rows are walked with: 1 for MXFP4 (see Mxfp4Matmul), for vdpbf16ps
+// work (see WithDotBf16Tiles) and for lane-packed weights (a group is one sequential stream).
 int64_t JobPageStride(const MatmulJob& j) {
-  return j.kind == WeightKind::kMxfp4 || JobDotBf16(j) ? 1 : PageStride(j.T, job_row_bytes(j));
+  return j.kind == WeightKind::kMxfp4 || j.kind == WeightKind::kBF16Lanes || JobDotBf16(j)
+             ? 1
+             : PageStride(j.T, job_row_bytes(j));
 }
 
 // Rows per work unit of a batch: one row group, page-strided runs kept whole.
 int64_t JobGroupRows(const MatmulJob& j) {
-  return j.kind == WeightKind::kMxfp4 ? kNRq : kNR * JobPageStride(j);
+  switch (j.kind) {
+    case WeightKind::kMxfp4:
+      return kNRq;
+    case WeightKind::kBF16Lanes:
+      return kLaneGroupRows;
+    case WeightKind::kF32:
+    case WeightKind::kBF16:
+      break;
+  }
+  return kNR * JobPageStride(j);
 }
 
 // y[t, n] = round_bf16(y[t, n]) for t < T and n in [n0, n1).
@@ -1121,6 +1133,11 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
                                Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
                                    j.x + t * K, N, K, packed, j.scale, n, y + t * ldy + n, ldy);
                              });
+      break;
+    }
+    case WeightKind::kBF16Lanes: {
+      matmul_lanes_rows(j.xh, j.x, T, static_cast<const bf16*>(j.w), N, K, row_begin,
+                        row_end - row_begin, y + row_begin, ldy);
       break;
     }
   }
@@ -1242,7 +1259,9 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y) {
   assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T <= 0 || N <= 0) return;
-  if (W.dtype == DType::kBF16) {
+  if (W.layout == Layout::kBf16Lanes) {
+    matmul_lanes(x, T, W.as<bf16>(), N, K, 0, N, y, N);
+  } else if (W.dtype == DType::kBF16) {
     HWY_DYNAMIC_DISPATCH(MatmulBf16)(x, T, reinterpret_cast<const uint16_t*>(W.data), N, K, y);
   } else {
     HWY_DYNAMIC_DISPATCH(MatmulF32)(x, T, W.as<float>(), N, K, y);
@@ -1253,6 +1272,8 @@ void matmul_bf16(const bf16* x, int64_t T, const TensorView& W, float* y) {
   assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T <= 0 || N <= 0) return;
+  if (W.layout == Layout::kBf16Lanes)
+    return matmul_bf16_lanes(x, T, W.as<bf16>(), N, K, 0, N, y, N);
   HWY_DYNAMIC_DISPATCH(MatmulBf16Act)
   (reinterpret_cast<const uint16_t*>(x), T, W.data, W.dtype == DType::kBF16, N, K, y);
 }
@@ -1293,6 +1314,10 @@ MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t
   assert(W.rank() == 2 && (W.dtype == DType::kBF16 || W.dtype == DType::kF32));
   assert(row0 >= 0 && rows >= 0 && row0 + rows <= W.shape[0]);
   const int64_t K = W.shape[1];
+  if (W.layout == Layout::kBf16Lanes) {  // whole matrices only: a job's rows are whole groups
+    assert(row0 == 0 && rows == W.shape[0]);
+    return plain_job(x, T, WeightKind::kBF16Lanes, W.data, rows, K, y);
+  }
   return plain_job(x, T, W.dtype == DType::kBF16 ? WeightKind::kBF16 : WeightKind::kF32,
                    W.data + static_cast<size_t>(row0 * K) * dtype_size(W.dtype), rows, K, y);
 }
@@ -1302,6 +1327,7 @@ int64_t job_row_bytes(const MatmulJob& j) {
     case WeightKind::kF32:
       return j.K * 4;
     case WeightKind::kBF16:
+    case WeightKind::kBF16Lanes:
       return j.K * 2;
     case WeightKind::kMxfp4:
       break;
@@ -1354,6 +1380,9 @@ void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs) {
               break;
             case WeightKind::kBF16:
               w = bf16_to_f32(static_cast<const bf16*>(j.w)[n * K + k]);
+              break;
+            case WeightKind::kBF16Lanes:
+              w = bf16_to_f32(static_cast<const bf16*>(j.w)[lanes_index(n, k, N, K)]);
               break;
             case WeightKind::kMxfp4:
               w = mxfp4_get(static_cast<const uint8_t*>(j.w) + n * (K / 2),

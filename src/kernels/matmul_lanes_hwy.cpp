@@ -1,10 +1,10 @@
 // Lane-packed BF16 projections (matmul_lanes.h) with Highway runtime dispatch.
 //
-// AVX3 with AVX512_BF16: register tiles of MR tokens (1-6) x one group of 64 rows, 4 x MR
-// accumulators kept over the whole K. Per pair of columns a tile loads the group's four weight
-// vectors (256 contiguous bytes) and broadcasts each token's pair once, then issues 4 x MR
-// vdpbf16ps. Other targets run the same per-lane order in f32: a pair's odd product is added
-// first, then the even one (MulAdd on an exact product rounds once, like an add of it).
+// AVX3 with AVX512_BF16 and bf16 tokens: register tiles of MR tokens (1-6) x one group of 16 V
+// rows (V = 4 but in a short last group), V x MR accumulators kept over the whole K. Per pair of
+// columns a tile loads the group's V weight vectors (64 V contiguous bytes) and broadcasts each
+// token's pair once, then issues V x MR vdpbf16ps. Other targets, and f32 tokens, run the same
+// per-lane order in f32: a pair's odd product, rounded, is added first, then the even one.
 //
 // Blocking: a thread takes a contiguous range of groups; tokens are walked in blocks of about
 // 512 KiB of bf16 rows (L2), each block applied to every group of the range before the next, so
@@ -36,9 +36,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kGroup = kLaneGroupRows;
 constexpr int kMaxTileTokens = 6;
 
-// Lanes [lo, hi) of a group (0 <= lo < hi <= 64) are the rows a call writes.
+// Lanes [lo, hi) of a group (0 <= lo < hi <= its rows) are the rows a call writes.
 struct LaneSpan {
   int64_t lo, hi;
+};
+
+// The tokens of a call: bf16 (xh) or f32 (xf) rows of K values.
+struct Tokens {
+  const uint16_t* xh;
+  const float* xf;
+  int64_t K;
+  float at(int64_t t, int64_t k) const {
+    return xh != nullptr ? bf16_to_f32(bf16{xh[t * K + k]}) : xf[t * K + k];
+  }
 };
 
 // Calls tile(t, mr) over tokens [0, n) in ceil(n / 6) tiles of near-equal size (7 = 4 + 3), so no
@@ -62,26 +72,25 @@ HWY_INLINE void WidenPairs(DF df, VU pairs, hn::Vec<DF>& even, hn::Vec<DF>& odd)
   odd = hn::BitCast(df, hn::And(pairs, hn::Set(du, 0xFFFF0000u)));
 }
 
-// Generic targets: MR tokens x one vector of rows (lanes v0 .. v0 + L of the group).
+// Generic targets and f32 tokens: MR tokens (from t) x one vector of rows (lanes v0 .. v0 + L
+// of a group of R rows). Each product is rounded, then added (Mul, Add: the same bits on every
+// target, and those of vdpbf16ps when the tokens are bf16 values).
 template <int MR>
-HWY_INLINE void GenericTile(const uint16_t* HWY_RESTRICT x, int64_t K,
-                            const uint16_t* HWY_RESTRICT group, int64_t v0, float* HWY_RESTRICT y,
-                            int64_t ldy, LaneSpan span) {
+HWY_INLINE void GenericTile(const Tokens& x, int64_t t, const uint16_t* HWY_RESTRICT group,
+                            int64_t R, int64_t v0, float* HWY_RESTRICT y, int64_t ldy,
+                            LaneSpan span) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df)), K = x.K;
   hn::Vec<decltype(df)> acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = hn::Zero(df);
   for (int64_t q = 0; q < K / 2; ++q) {
-    const auto pairs =
-        hn::LoadU(du, reinterpret_cast<const uint32_t*>(group + (q * kGroup + v0) * 2));
+    const auto pairs = hn::LoadU(du, reinterpret_cast<const uint32_t*>(group + (q * R + v0) * 2));
     hn::Vec<decltype(df)> even, odd;
     WidenPairs(df, pairs, even, odd);
     for (int m = 0; m < MR; ++m) {
-      const float xe = bf16_to_f32(bf16{x[m * K + 2 * q]});
-      const float xo = bf16_to_f32(bf16{x[m * K + 2 * q + 1]});
-      acc[m] = hn::MulAdd(hn::Set(df, xo), odd, acc[m]);
-      acc[m] = hn::MulAdd(hn::Set(df, xe), even, acc[m]);
+      acc[m] = hn::Add(acc[m], hn::Mul(hn::Set(df, x.at(t + m, 2 * q + 1)), odd));
+      acc[m] = hn::Add(acc[m], hn::Mul(hn::Set(df, x.at(t + m, 2 * q)), even));
     }
   }
   HWY_ALIGN float out[hn::MaxLanes(df)];
@@ -93,44 +102,46 @@ HWY_INLINE void GenericTile(const uint16_t* HWY_RESTRICT x, int64_t K,
 }
 
 template <int MR>
-HWY_NOINLINE void GenericGroupTile(const uint16_t* x, int64_t K, const uint16_t* group, float* y,
-                                   int64_t ldy, LaneSpan span) {
+HWY_NOINLINE void GenericGroupTile(const Tokens& x, int64_t t, const uint16_t* group, int64_t R,
+                                   float* y, int64_t ldy, LaneSpan span) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += L)
-    GenericTile<MR>(x, K, group, v0, y, ldy, span);
+    GenericTile<MR>(x, t, group, R, v0, y, ldy, span);
 }
 
 #if HWY_TARGET == HWY_AVX3
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
-// Decode reads a group front to back; this far ahead (2 KiB) a tile of one token prefetches.
+// Decode reads a group front to back; this far ahead (2 KiB of a full group) a tile of one
+// token prefetches.
 constexpr int64_t kPrefetchPairs = 8;
 
-template <int MR>
+// MR bf16 tokens x a group of 16 V rows: V vectors of accumulators per token.
+template <int MR, int V>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                                 const uint16_t* HWY_RESTRICT group,
                                                 float* HWY_RESTRICT y, int64_t ldy, LaneSpan span) {
-  __m512 acc[MR][4];
+  __m512 acc[MR][V];
   for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t q = 0; q < K / 2; ++q) {
-    const uint16_t* wq = group + q * kGroup * 2;
+    const uint16_t* wq = group + q * V * 32;
     if constexpr (MR == 1) {
       if (q + kPrefetchPairs < K / 2) {
-        const char* ahead = reinterpret_cast<const char*>(wq + kPrefetchPairs * kGroup * 2);
-        for (int v = 0; v < 4; ++v) _mm_prefetch(ahead + 64 * v, _MM_HINT_T0);
+        const char* ahead = reinterpret_cast<const char*>(wq + kPrefetchPairs * V * 32);
+        for (int v = 0; v < V; ++v) _mm_prefetch(ahead + 64 * v, _MM_HINT_T0);
       }
     }
-    __m512bh w[4];
-    for (int v = 0; v < 4; ++v) w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wq + 32 * v));
+    __m512bh w[V];
+    for (int v = 0; v < V; ++v) w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wq + 32 * v));
     for (int m = 0; m < MR; ++m) {
       int32_t pair;
       std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
       const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], b, w[v]);
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], b, w[v]);
     }
   }
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < V; ++v) {
     const int64_t lo = std::max<int64_t>(span.lo, 16 * v),
                   hi = std::min<int64_t>(span.hi, 16 * v + 16);
     if (lo >= hi) continue;
@@ -142,41 +153,44 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, 
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
 
-// One tile of mr tokens over one group: y points at the group's row 0 of the first token.
-HWY_INLINE void GroupTile(int64_t mr, const uint16_t* x, int64_t K, const uint16_t* group, float* y,
-                          int64_t ldy, LaneSpan span, bool dot) {
-  const auto run = [&](auto tag) {
+// Calls f(std::integral_constant<int, v>) for v = n (1 <= n <= kMax).
+template <int kMax, class F>
+HWY_INLINE void WithCount(int64_t n, const F& f) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return WithCount<kMax - 1>(n, f);
+  }
+  f(std::integral_constant<int, kMax>());
+}
+
+// One tile of mr tokens (from t) over one group of R rows: y points at the group's row 0 of
+// token t.
+HWY_INLINE void GroupTile(int64_t mr, const Tokens& x, int64_t t, const uint16_t* group, int64_t R,
+                          float* y, int64_t ldy, LaneSpan span, bool dot) {
+  WithCount<kMaxTileTokens>(mr, [&](auto tag) {
     constexpr int MR = decltype(tag)::value;
 #if HWY_TARGET == HWY_AVX3
-    if (dot) return DotLanesTile<MR>(x, K, group, y, ldy, span);
+    if (dot) {
+      WithCount<4>(R / kLaneRowQuantum, [&](auto vtag) {
+        DotLanesTile<MR, decltype(vtag)::value>(x.xh + t * x.K, x.K, group, y, ldy, span);
+      });
+      return;
+    }
 #endif
     (void)dot;
-    GenericGroupTile<MR>(x, K, group, y, ldy, span);
-  };
-  switch (mr) {
-    case 1:
-      return run(std::integral_constant<int, 1>());
-    case 2:
-      return run(std::integral_constant<int, 2>());
-    case 3:
-      return run(std::integral_constant<int, 3>());
-    case 4:
-      return run(std::integral_constant<int, 4>());
-    case 5:
-      return run(std::integral_constant<int, 5>());
-    default:
-      return run(std::integral_constant<int, 6>());
-  }
+    GenericGroupTile<MR>(x, t, group, R, y, ldy, span);
+  });
 }
 
 // Groups [g_begin, g_end) of the packed matrix, limited to rows [row0, row0 + rows); y is the
-// output of row row0.
-void LanesGroups(const uint16_t* x, int64_t T, const uint16_t* packed, int64_t K, int64_t row0,
-                 int64_t rows, int64_t g_begin, int64_t g_end, float* y, int64_t ldy) {
+// output of row row0. vdpbf16ps when the tokens are bf16 and the CPU has it.
+void LanesGroups(const uint16_t* xh, const float* xf, int64_t T, const uint16_t* packed, int64_t N,
+                 int64_t K, int64_t row0, int64_t rows, int64_t g_begin, int64_t g_end, float* y,
+                 int64_t ldy) {
   bool dot = false;
 #if HWY_TARGET == HWY_AVX3
-  dot = cpu_info().avx512bf16;
+  dot = xh != nullptr && cpu_info().avx512bf16;
 #endif
+  const Tokens x{xh, xf, K};
   int64_t tb = std::max<int64_t>(kMaxTileTokens, (512 << 10) / std::max<int64_t>(K * 2, 1));
   tb = tb / kMaxTileTokens * kMaxTileTokens;
   for (int64_t t0 = 0; t0 < T; t0 += tb) {
@@ -186,9 +200,9 @@ void LanesGroups(const uint16_t* x, int64_t T, const uint16_t* packed, int64_t K
       const LaneSpan span{std::max<int64_t>(row0 - first, 0),
                           std::min<int64_t>(row0 + rows - first, kGroup)};
       const uint16_t* group = packed + first * K;
+      const int64_t R = lanes_group_rows(N, g);
       ForEachTokenTile(tn, [&](int64_t t, int64_t mr) {
-        GroupTile(mr, x + (t0 + t) * K, K, group, y + (t0 + t) * ldy + (first - row0), ldy, span,
-                  dot);
+        GroupTile(mr, x, t0 + t, group, R, y + (t0 + t) * ldy + (first - row0), ldy, span, dot);
       });
     }
   }
@@ -203,21 +217,42 @@ namespace attnres {
 
 HWY_EXPORT(LanesGroups);
 
-void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
-                       int64_t row0, int64_t rows, float* y, int64_t ldy) {
+namespace {
+
+// The groups over rows [row0, row0 + rows), split over the threads when the product is large
+// enough (2^18 multiply-adds or 128 KiB of weights, like the other projections).
+void lanes_call(const bf16* xh, const float* xf, int64_t T, const bf16* packed, int64_t N,
+                int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy, bool may_split) {
   assert(K % 2 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= N);
-  (void)N;  // only the contract's check reads it
   if (T <= 0 || rows <= 0) return;
   const int64_t g_first = row0 / kLaneGroupRows;
   const int64_t g_end = (row0 + rows + kLaneGroupRows - 1) / kLaneGroupRows;
-  // Split like the other projections: 2^18 multiply-adds or 128 KiB of weights make it worth
-  // waking the workers.
-  const bool parallel = T * rows * K >= (int64_t{1} << 18) || rows * K * 2 >= (128 << 10);
-  const auto* xu = reinterpret_cast<const uint16_t*>(x);
+  const bool parallel =
+      may_split && (T * rows * K >= (int64_t{1} << 18) || rows * K * 2 >= (128 << 10));
+  const auto* xu = reinterpret_cast<const uint16_t*>(xh);
   const auto* pu = reinterpret_cast<const uint16_t*>(packed);
   parallel_ranges(g_end - g_first, parallel, [&](int64_t b, int64_t e) {
-    HWY_DYNAMIC_DISPATCH(LanesGroups)(xu, T, pu, K, row0, rows, g_first + b, g_first + e, y, ldy);
+    HWY_DYNAMIC_DISPATCH(LanesGroups)
+    (xu, xf, T, pu, N, K, row0, rows, g_first + b, g_first + e, y, ldy);
   });
+}
+
+}  // namespace
+
+void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
+                       int64_t row0, int64_t rows, float* y, int64_t ldy) {
+  lanes_call(x, nullptr, T, packed, N, K, row0, rows, y, ldy, true);
+}
+
+void matmul_lanes(const float* x, int64_t T, const bf16* packed, int64_t N, int64_t K, int64_t row0,
+                  int64_t rows, float* y, int64_t ldy) {
+  lanes_call(nullptr, x, T, packed, N, K, row0, rows, y, ldy, true);
+}
+
+void matmul_lanes_rows(const bf16* xh, const float* x, int64_t T, const bf16* packed, int64_t N,
+                       int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy) {
+  assert(row0 % kLaneGroupRows == 0);
+  lanes_call(xh, xh != nullptr ? nullptr : x, T, packed, N, K, row0, rows, y, ldy, false);
 }
 
 }  // namespace attnres

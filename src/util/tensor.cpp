@@ -3,6 +3,8 @@
 #include <bit>
 #include <cstring>
 
+#include "util/lanes.h"
+
 namespace attnres {
 namespace {
 struct DTypeInfo {
@@ -51,6 +53,10 @@ size_t dtype_size(DType d) {
 }
 
 float TensorView::get_f32(int64_t i) const {
+  if (layout == Layout::kBf16Lanes) {
+    const int64_t N = shape[0], K = shape[1];
+    i = lanes_index(i / K, i % K, N, K);
+  }
   switch (dtype) {
     case DType::kF32: {
       float f;

@@ -36,12 +36,19 @@ std::string_view dtype_name(DType d);
 std::optional<DType> parse_dtype(std::string_view name);
 size_t dtype_size(DType d);
 
+// How a view's elements lie in memory: row-major (as files store them), or the lane-packed form
+// of a BF16 projection [N, K] (util/lanes.h; its storage holds lanes_size(N, K) values, the
+// padding rows past nbytes). Readers that index the data themselves take row-major views only;
+// get_f32 reads either.
+enum class Layout : uint8_t { kRowMajor, kBf16Lanes };
+
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;
   size_t nbytes = 0;
+  Layout layout = Layout::kRowMajor;
 
   bool valid() const { return data != nullptr || nbytes == 0; }
   int64_t numel() const {
@@ -54,7 +61,8 @@ struct TensorView {
   const T* as() const {
     return reinterpret_cast<const T*>(data);
   }
-  // Element i widened to f32 (F32, BF16, F16 and F8_E4M3 only).
+  // Element i (in row-major order, whatever the layout) widened to f32 (F32, BF16, F16 and
+  // F8_E4M3 only).
   float get_f32(int64_t i) const;
   // "[a, b, c]"
   std::string shape_string() const;

@@ -15,6 +15,7 @@
 
 #include "kernels/hwy_targets.h"
 #include "kernels/matmul.h"
+#include "util/lanes.h"
 #include "util/numeric.h"
 
 namespace attnres {
@@ -33,17 +34,20 @@ TensorView view(DType dtype, int64_t N, int64_t K, const void* data) {
 }
 
 // A mixed batch: dense f32 and bf16, a row slice of a bf16 matrix, MXFP4 experts of different
-// token counts (one with T = 0), sizes off the vector width and the register tiles. Large enough
-// in total (> 2^18 multiply-adds) to run in parallel.
+// token counts (one with T = 0), a lane-packed bf16 matrix with f32 and with bf16 tokens, sizes
+// off the vector width and the register tiles. Large enough in total (> 2^18 multiply-adds) to
+// run in parallel.
 struct Batch {
-  std::vector<float> x1, x2, x3, x4, w32;
-  std::vector<bf16> w16;
+  std::vector<float> x1, x2, x3, x4, x5, w32;
+  std::vector<bf16> w16, x5h, wl;  // wl: lane-packed
+  TensorView vl;
   std::vector<uint8_t> packed, scale;  // two MXFP4 matrices [N, K/2], [N, K/32] back to back
   TensorView v32, v16;
   static constexpr int64_t T1 = 5, K1 = 97, N32 = 61, N16 = 203;
   static constexpr int64_t Tq = 3, Nq = 45, Kq = 320;
   static constexpr int64_t Tq2 = 1;
   static constexpr int64_t row0 = 37, rows = 100;
+  static constexpr int64_t Nl = 150, Kl = 96;  // last group of 32 rows (util/lanes.h)
 
   explicit Batch(bool integers, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -71,6 +75,15 @@ struct Batch {
     for (uint8_t& s : scale) s = static_cast<uint8_t>(sc(rng));
     v32 = view(DType::kF32, N32, K1, w32.data());
     v16 = view(DType::kBF16, N16, K1, w16.data());
+    x5h.resize(T1 * Kl);
+    for (bf16& v : x5h) v = f32_to_bf16(val());
+    for (const bf16 v : x5h) x5.push_back(bf16_to_f32(v));  // bf16 values: xh can be attached
+    std::vector<bf16> rows_l(Nl * Kl);
+    for (bf16& v : rows_l) v = f32_to_bf16(val());
+    wl.resize(static_cast<size_t>(lanes_size(Nl, Kl)));
+    pack_bf16_lanes(rows_l.data(), Nl, Kl, wl.data());
+    vl = view(DType::kBF16, Nl, Kl, wl.data());
+    vl.layout = Layout::kBf16Lanes;
   }
   const uint8_t* packed_b(int i) const { return packed.data() + i * Nq * Kq / 2; }
   const uint8_t* scale_b(int i) const { return scale.data() + i * Nq * Kq / kMxfp4BlockSize; }
@@ -79,15 +92,20 @@ struct Batch {
   std::vector<std::vector<float>> outputs() const {
     return {std::vector<float>(T1 * N32, -1.0f),  std::vector<float>(T1 * N16, -1.0f),
             std::vector<float>(T1 * rows, -1.0f), std::vector<float>(Tq * Nq, -1.0f),
-            std::vector<float>(1, -7.0f),         std::vector<float>(Tq2 * Nq, -1.0f)};
+            std::vector<float>(1, -7.0f),         std::vector<float>(Tq2 * Nq, -1.0f),
+            std::vector<float>(T1 * Nl, -1.0f),   std::vector<float>(T1 * Nl, -1.0f)};
   }
   std::vector<MatmulJob> jobs(std::vector<std::vector<float>>& y) const {
+    MatmulJob with_xh = dense_job(x5.data(), T1, vl, y[7].data());
+    with_xh.xh = x5h.data();
     return {dense_job(x1.data(), T1, v32, y[0].data()),
             dense_job(x2.data(), T1, v16, y[1].data()),
             dense_rows_job(x1.data(), T1, v16, row0, rows, y[2].data()),
             mxfp4_job(x3.data(), Tq, packed_b(0), scale_b(0), Nq, Kq, y[3].data()),
             mxfp4_job(x3.data(), 0, packed_b(1), scale_b(1), Nq, Kq, y[4].data()),
-            mxfp4_job(x4.data(), Tq2, packed_b(1), scale_b(1), Nq, Kq, y[5].data())};
+            mxfp4_job(x4.data(), Tq2, packed_b(1), scale_b(1), Nq, Kq, y[5].data()),
+            dense_job(x5.data(), T1, vl, y[6].data()),
+            with_xh};
   }
   // The same products through the single-call kernels (fast or reference).
   std::vector<std::vector<float>> single(bool ref) const {
@@ -102,6 +120,12 @@ struct Batch {
       std::memcpy(y[2].data() + t * rows, full.data() + t * N16 + row0, rows * sizeof(float));
     mq(x3.data(), Tq, packed_b(0), scale_b(0), Nq, Kq, y[3].data());
     mq(x4.data(), Tq2, packed_b(1), scale_b(1), Nq, Kq, y[5].data());
+    mm(x5.data(), T1, vl, y[6].data());
+    if (ref) {  // the reference reads x, whether or not a job has xh
+      mm(x5.data(), T1, vl, y[7].data());
+    } else {
+      matmul_bf16(x5h.data(), T1, vl, y[7].data());
+    }
     return y;
   }
 };

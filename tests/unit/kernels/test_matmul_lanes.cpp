@@ -30,7 +30,7 @@ std::vector<bf16> random_bf16(int64_t n, uint32_t seed, bool integers) {
 }
 
 std::vector<bf16> packed(const std::vector<bf16>& w, int64_t N, int64_t K) {
-  std::vector<bf16> p(static_cast<size_t>(bf16_lanes_size(N, K)));
+  std::vector<bf16> p(static_cast<size_t>(lanes_size(N, K)));
   pack_bf16_lanes(w.data(), N, K, p.data());
   return p;
 }
@@ -46,31 +46,50 @@ TensorView row_major(const std::vector<bf16>& w, int64_t N, int64_t K) {
   return v;
 }
 
+std::vector<float> widened(const std::vector<bf16>& x) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); ++i) f[i] = bf16_to_f32(x[i]);
+  return f;
+}
+
 bool same_bits(float a, float b) {
   return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
+// Groups of 64 rows, the last one rounded up to 16 rows (zero past N): N = 70 is a group of 64
+// and one of 16; each pair of a group's rows side by side per pair of columns.
 TEST(MatmulLanes, PackLayout) {
   const int64_t N = 70, K = 6;
   std::vector<bf16> w(static_cast<size_t>(N * K));
   for (int64_t i = 0; i < N * K; ++i) w[i] = bf16{static_cast<uint16_t>(i + 1)};
   const std::vector<bf16> p = packed(w, N, K);
-  ASSERT_EQ(static_cast<int64_t>(p.size()), 128 * K);
-  for (int64_t g = 0; g < 2; ++g)
+  ASSERT_EQ(static_cast<int64_t>(p.size()), 80 * K);
+  EXPECT_EQ(lanes_group_rows(N, 0), 64);
+  EXPECT_EQ(lanes_group_rows(N, 1), 16);
+  for (int64_t g = 0; g < 2; ++g) {
+    const int64_t R = g == 0 ? 64 : 16;
     for (int64_t q = 0; q < K / 2; ++q)
-      for (int64_t j = 0; j < 64; ++j)
+      for (int64_t j = 0; j < R; ++j)
         for (int64_t e = 0; e < 2; ++e) {
-          const int64_t n = 64 * g + j;
+          const int64_t n = 64 * g + j, at = 64 * g * K + (q * R + j) * 2 + e;
           const uint16_t want = n < N ? w[n * K + 2 * q + e].bits : 0;
-          ASSERT_EQ(p[((g * (K / 2) + q) * 64 + j) * 2 + e].bits, want)
-              << "g " << g << " q " << q << " j " << j << " e " << e;
+          ASSERT_EQ(p[at].bits, want) << "g " << g << " q " << q << " j " << j << " e " << e;
+          if (n < N) {
+            ASSERT_EQ(lanes_index(n, 2 * q + e, N, K), at);
+          }
         }
+  }
+  // A view of the packed form reads the row-major values.
+  TensorView v = row_major(p, N, K);
+  v.layout = Layout::kBf16Lanes;
+  for (int64_t i = 0; i < N * K; ++i) ASSERT_EQ(v.get_f32(i), bf16_to_f32(w[i])) << i;
 }
 
 struct Shape {
   int64_t N, K;
 };
-constexpr Shape kShapes[] = {{64, 2}, {100, 30}, {130, 512}, {200, 1026}};
+// Last groups of every width: 64 (N = 64), 48 (100, 40), 16 (130, 200), 32 (20).
+constexpr Shape kShapes[] = {{64, 2}, {100, 30}, {130, 512}, {200, 1026}, {40, 64}, {20, 8}};
 constexpr int64_t kTokens[] = {1, 2, 3, 5, 6, 7, 13, 40};
 
 TEST(MatmulLanes, EqualsTwinOnEveryTargetThreadCountAndTokenCount) {
@@ -152,6 +171,40 @@ TEST(MatmulLanes, AgreesWithKOrderReference) {
         }
     }
   }
+}
+
+// f32 tokens: the twin's bits on every target, thread count and token count; tokens that are
+// bf16 values give the bits of the bf16 path.
+TEST(MatmulLanes, F32TokensEqualTwinAndBf16Path) {
+  const int saved = parallel_threads();
+  for_each_target([&] {
+    for (int threads : {1, 2}) {
+      set_parallel_threads(threads);
+      for (const Shape& s : kShapes) {
+        const std::vector<bf16> w = random_bf16(s.N * s.K, 11, false);
+        const std::vector<bf16> p = packed(w, s.N, s.K);
+        for (int64_t T : {int64_t{1}, int64_t{5}, int64_t{13}}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + " N " + std::to_string(s.N) + " K " +
+                       std::to_string(s.K) + " T " + std::to_string(T));
+          std::mt19937 rng(12);
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          std::vector<float> xf(static_cast<size_t>(T * s.K));
+          for (float& v : xf) v = nd(rng);
+          std::vector<float> y(static_cast<size_t>(T * s.N)), ref(y.size());
+          matmul_lanes(xf.data(), T, p.data(), s.N, s.K, 0, s.N, y.data(), s.N);
+          matmul_lanes_ref(xf.data(), T, p.data(), s.N, s.K, 0, s.N, ref.data(), s.N);
+          for (size_t i = 0; i < y.size(); ++i)
+            ASSERT_TRUE(same_bits(y[i], ref[i])) << "f32 tokens, element " << i;
+          const std::vector<bf16> xh = random_bf16(T * s.K, 13, false);
+          matmul_lanes(widened(xh).data(), T, p.data(), s.N, s.K, 0, s.N, y.data(), s.N);
+          matmul_bf16_lanes(xh.data(), T, p.data(), s.N, s.K, 0, s.N, ref.data(), s.N);
+          for (size_t i = 0; i < y.size(); ++i)
+            ASSERT_TRUE(same_bits(y[i], ref[i])) << "bf16-valued tokens, element " << i;
+        }
+      }
+    }
+  });
+  set_parallel_threads(saved);
 }
 
 // An infinite weight makes its own row infinite or NaN (as in the twin) and no other row.

@@ -7,6 +7,8 @@
 // processes (mpirun, `run --dump-logits` and cmp) is tests/mpi/.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -23,6 +25,7 @@
 #include "runtime/follower.h"
 #include "synth/synth.h"
 #include "thread_group.h"
+#include "util/lanes.h"
 
 namespace attnres {
 namespace {
@@ -172,13 +175,26 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
 // each sharded view lies in ModelWeights::private_memory and holds exactly the bytes of its rows
 // in the whole tensor. The replicated views are read into private memory too by default
 // (WeightResidence::kPrivate) and stay in the mapping with kMapped; an untied embedding, whose
-// rows are only looked up, stays in the mapping either way. At P = 1 kMapped copies nothing.
+// rows are only looked up, stays in the mapping either way. The BF16 projections are lane-packed
+// (io/weights.h) into private memory always; at P = 1 kMapped copies nothing else.
 TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
   for (const std::string name : {"tiny-a", "tp-odd"}) {
     auto whole = load_model(model_dir(name), {}, WeightResidence::kMapped);
     ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
-    EXPECT_EQ(whole->private_memory->bytes_used(), 0u) << "P = 1, kMapped views the mapping";
-    EXPECT_EQ(whole->report.bytes_private, 0);
+    int64_t packed_bytes = 0;
+    for (const LayerWeights& l : whole->layers) {
+      const TensorView& o = l.kda ? l.kda->o_proj : l.mla->o_proj;
+      EXPECT_EQ(o.layout, Layout::kBf16Lanes) << o.name;
+      EXPECT_TRUE(whole->private_memory->contains(o.data, o.nbytes)) << o.name;
+      EXPECT_FALSE(whole->private_memory->contains(l.input_norm.data, l.input_norm.nbytes));
+      if (l.mla) {  // read by the attention kernels as well: stays row-major in the mapping
+        EXPECT_EQ(l.mla->kv_b_proj.layout, Layout::kRowMajor);
+        EXPECT_FALSE(
+            whole->private_memory->contains(l.mla->kv_b_proj.data, l.mla->kv_b_proj.nbytes));
+      }
+      packed_bytes += lanes_size(o.shape[0], o.shape[1]) * 2;
+    }
+    EXPECT_GE(whole->report.bytes_private, packed_bytes);
     for (const WeightResidence residence : {WeightResidence::kPrivate, WeightResidence::kMapped}) {
       const bool copies = residence == WeightResidence::kPrivate;
       for (int P : {1, 2, 3}) {
@@ -193,13 +209,22 @@ TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
             SCOPED_TRACE(name + " P " + std::to_string(P) + " rank " + std::to_string(r) + " " +
                          full.name);
             const Range u = Shard{r, P}.range(units);
-            const TensorView rows = slice_rows(full, u.begin * (full.shape[0] / units),
-                                               u.size() * (full.shape[0] / units));
-            ASSERT_EQ(part.nbytes, rows.nbytes);
-            if (rows.nbytes == 0) return;
+            const int64_t unit_rows = full.shape[0] / units, row0 = u.begin * unit_rows;
+            const int64_t n_rows = u.size() * unit_rows, K = full.numel() / full.shape[0];
+            ASSERT_EQ(part.nbytes, full.nbytes / static_cast<size_t>(units) * u.size());
+            ASSERT_EQ(part.layout, full.layout);
+            if (part.nbytes == 0) return;
             EXPECT_TRUE(owned.contains(part.data, part.nbytes));
             EXPECT_EQ(reinterpret_cast<uintptr_t>(part.data) % 64, 0u);
-            EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
+            if (full.layout == Layout::kRowMajor) {
+              const TensorView rows = slice_rows(full, row0, n_rows);
+              EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
+            } else {  // each rank packs its own rows
+              for (int64_t i = 0; i < n_rows * K; ++i)
+                ASSERT_EQ(std::bit_cast<uint32_t>(part.get_f32(i)),
+                          std::bit_cast<uint32_t>(full.get_f32(row0 * K + i)))
+                    << "element " << i;
+            }
             ++checked;
           };
           const ModelConfig& c = w->config;
