@@ -27,6 +27,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
+#include "util/memory.h"
 
 namespace attnres::bench {
 namespace {
@@ -456,27 +457,31 @@ BENCHMARK(BM_GemmBf16Layouts)
     ->Unit(benchmark::kMillisecond);
 
 // args: N, K. Decode (T = 1) over the two layouts from memory: copies of the matrix in each
-// layout, cycled so every call reads cold weights, the two layouts alternated call by call.
-// Mean and best GB/s of each, against the STREAM read probe; lanes_vs_row_major_mean = mean
-// row-major time / mean lane-packed time.
+// layout, in WeightMemory (2 MiB pages, as the model's weights are), cycled so every call reads
+// cold weights, the two layouts alternated call by call. Mean and best GB/s of each, against the
+// STREAM read probe; lanes_vs_row_major_mean = mean row-major time / mean lane-packed time.
 void BM_GemvBf16Layouts(benchmark::State& state) {
-  const int64_t N = state.range(0), K = state.range(1), per = N * K;
+  const int64_t N = state.range(0), K = state.range(1), per = N * K, pper = lanes_size(N, K);
   const int64_t copies = copies_for(per * 2);
-  const std::vector<bf16> w = random_bf16(per * copies, 1);  // [copies, N, K]
-  const int64_t pper = lanes_size(N, K);
-  std::vector<bf16> packed(static_cast<size_t>(pper * copies));
-  for (int64_t c = 0; c < copies; ++c)
-    pack_bf16_lanes(w.data() + c * per, N, K, packed.data() + c * pper);
+  const std::vector<bf16> w = random_bf16(per, 1);  // [N, K]
+  WeightMemory memory;
+  auto* rows = reinterpret_cast<bf16*>(memory.allocate(static_cast<size_t>(per * copies) * 2));
+  auto* packed = reinterpret_cast<bf16*>(memory.allocate(static_cast<size_t>(pper * copies) * 2));
+  for (int64_t c = 0; c < copies; ++c) {
+    std::copy(w.begin(), w.end(), rows + c * per);
+    pack_bf16_lanes(w.data(), N, K, packed + c * pper);
+  }
+  TensorView view = bf16_view(w, N, K, 0);
   const std::vector<bf16> x = random_bf16(K, 2);  // [K]
   std::vector<float> y(static_cast<size_t>(N));   // [N]
   BestOf row_major, lanes;
   int64_t c = 0;
   for (auto _ : state) {
     const int64_t other = (c + copies / 2) % copies;
-    row_major.time([&] { matmul_bf16(x.data(), 1, bf16_view(w, N, K, c * per), y.data()); });
-    lanes.time([&] {
-      matmul_bf16_lanes(x.data(), 1, packed.data() + other * pper, N, K, 0, N, y.data(), N);
-    });
+    view.data = reinterpret_cast<const std::byte*>(rows + c * per);
+    row_major.time([&] { matmul_bf16(x.data(), 1, view, y.data()); });
+    lanes.time(
+        [&] { matmul_bf16_lanes(x.data(), 1, packed + other * pper, N, K, 0, N, y.data(), N); });
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
   }
