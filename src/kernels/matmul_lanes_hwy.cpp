@@ -46,9 +46,17 @@ struct Tokens {
   const uint16_t* xh;
   const float* xf;
   int64_t K;
-  float at(int64_t t, int64_t k) const {
-    return xh != nullptr ? bf16_to_f32(bf16{xh[t * K + k]}) : xf[t * K + k];
-  }
+};
+// Token t's value k as f32, for the generic tiles.
+struct Bf16Tokens {
+  const uint16_t* x;
+  int64_t K;
+  float at(int64_t t, int64_t k) const { return bf16_to_f32(bf16{x[t * K + k]}); }
+};
+struct F32Tokens {
+  const float* x;
+  int64_t K;
+  float at(int64_t t, int64_t k) const { return x[t * K + k]; }
 };
 
 // Calls tile(t, mr) over tokens [0, n) in ceil(n / 6) tiles of near-equal size (7 = 4 + 3), so no
@@ -72,41 +80,66 @@ HWY_INLINE void WidenPairs(DF df, VU pairs, hn::Vec<DF>& even, hn::Vec<DF>& odd)
   odd = hn::BitCast(df, hn::And(pairs, hn::Set(du, 0xFFFF0000u)));
 }
 
-// Generic targets and f32 tokens: MR tokens (from t) x one vector of rows (lanes v0 .. v0 + L
-// of a group of R rows). Each product is rounded, then added (Mul, Add: the same bits on every
-// target, and those of vdpbf16ps when the tokens are bf16 values).
-template <int MR>
-HWY_INLINE void GenericTile(const Tokens& x, int64_t t, const uint16_t* HWY_RESTRICT group,
-                            int64_t R, int64_t v0, float* HWY_RESTRICT y, int64_t ldy,
-                            LaneSpan span) {
+// Vectors of rows a generic tile covers at once: each is MR independent accumulator chains, so a
+// one-token tile (decode) keeps NV chains in flight; 4 on targets with 32 vector registers
+// (MR x 4 accumulators, MR <= 6), 2 on the others.
+constexpr int kGenericVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
+
+// Generic targets and f32 tokens: MR tokens (from t) x NV vectors of rows (lanes v0 ..
+// v0 + NV L of a group of R rows). Each product is rounded, then added (Mul, Add: the same bits
+// on every target, and those of vdpbf16ps when the tokens are bf16 values).
+template <int MR, int NV, class X>
+HWY_INLINE void GenericTile(const X& x, int64_t t, const uint16_t* HWY_RESTRICT group, int64_t R,
+                            int64_t v0, float* HWY_RESTRICT y, int64_t ldy, LaneSpan span) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df)), K = x.K;
-  hn::Vec<decltype(df)> acc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = hn::Zero(df);
+  hn::Vec<decltype(df)> acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = hn::Zero(df);
   for (int64_t q = 0; q < K / 2; ++q) {
-    const auto pairs = hn::LoadU(du, reinterpret_cast<const uint32_t*>(group + (q * R + v0) * 2));
-    hn::Vec<decltype(df)> even, odd;
-    WidenPairs(df, pairs, even, odd);
-    for (int m = 0; m < MR; ++m) {
-      acc[m] = hn::Add(acc[m], hn::Mul(hn::Set(df, x.at(t + m, 2 * q + 1)), odd));
-      acc[m] = hn::Add(acc[m], hn::Mul(hn::Set(df, x.at(t + m, 2 * q)), even));
+    const uint16_t* wq = group + (q * R + v0) * 2;
+    for (int v = 0; v < NV; ++v) {
+      const auto pairs = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wq + v * L * 2));
+      hn::Vec<decltype(df)> even, odd;
+      WidenPairs(df, pairs, even, odd);
+      for (int m = 0; m < MR; ++m) {
+        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, x.at(t + m, 2 * q + 1)), odd));
+        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, x.at(t + m, 2 * q)), even));
+      }
     }
   }
   HWY_ALIGN float out[hn::MaxLanes(df)];
-  for (int m = 0; m < MR; ++m) {
-    hn::Store(acc[m], df, out);
-    for (int64_t j = std::max(v0, span.lo); j < std::min(v0 + L, span.hi); ++j)
-      y[m * ldy + j] = out[j - v0];
+  for (int v = 0; v < NV; ++v) {
+    const int64_t first = v0 + v * L;
+    const int64_t lo = std::max(first, span.lo), hi = std::min(first + L, span.hi);
+    for (int m = 0; m < MR; ++m) {
+      hn::Store(acc[m][v], df, out);
+      for (int64_t j = lo; j < hi; ++j) y[m * ldy + j] = out[j - first];
+    }
   }
 }
 
-template <int MR>
-HWY_NOINLINE void GenericGroupTile(const Tokens& x, int64_t t, const uint16_t* group, int64_t R,
+// Calls f(std::integral_constant<int, v>) for v = n (1 <= n <= kMax).
+template <int kMax, class F>
+HWY_INLINE void WithCount(int64_t n, const F& f) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return WithCount<kMax - 1>(n, f);
+  }
+  f(std::integral_constant<int, kMax>());
+}
+
+template <int MR, class X>
+HWY_NOINLINE void GenericGroupTile(const X& x, int64_t t, const uint16_t* group, int64_t R,
                                    float* y, int64_t ldy, LaneSpan span) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-  for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += L)
-    GenericTile<MR>(x, t, group, R, v0, y, ldy, span);
+  for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += kGenericVectors * L) {
+    // R is a multiple of 16 and so of L: the vectors up to the span's end lie inside the group.
+    const int64_t nv = std::min<int64_t>(kGenericVectors, (span.hi - v0 + L - 1) / L);
+    WithCount<kGenericVectors>(nv, [&](auto tag) {
+      GenericTile<MR, decltype(tag)::value>(x, t, group, R, v0, y, ldy, span);
+    });
+  }
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -153,15 +186,6 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, 
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
 
-// Calls f(std::integral_constant<int, v>) for v = n (1 <= n <= kMax).
-template <int kMax, class F>
-HWY_INLINE void WithCount(int64_t n, const F& f) {
-  if constexpr (kMax > 1) {
-    if (n < kMax) return WithCount<kMax - 1>(n, f);
-  }
-  f(std::integral_constant<int, kMax>());
-}
-
 // One tile of mr tokens (from t) over one group of R rows: y points at the group's row 0 of
 // token t.
 HWY_INLINE void GroupTile(int64_t mr, const Tokens& x, int64_t t, const uint16_t* group, int64_t R,
@@ -177,7 +201,11 @@ HWY_INLINE void GroupTile(int64_t mr, const Tokens& x, int64_t t, const uint16_t
     }
 #endif
     (void)dot;
-    GenericGroupTile<MR>(x, t, group, R, y, ldy, span);
+    if (x.xh != nullptr) {
+      GenericGroupTile<MR>(Bf16Tokens{x.xh, x.K}, t, group, R, y, ldy, span);
+    } else {
+      GenericGroupTile<MR>(F32Tokens{x.xf, x.K}, t, group, R, y, ldy, span);
+    }
   });
 }
 
