@@ -51,7 +51,8 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
 void add_mmap_flag(CLI::App* sub, bool& mmap) {
   sub->add_flag("--mmap", mmap,
                 "View the weights in the file mapping instead of reading them into memory "
-                "(faster start, page cache shared between processes; slower decode)");
+                "(faster start, page cache shared between processes; slower decode); the dense "
+                "projections are still read, packed for their kernels");
 }
 
 Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
