@@ -8,13 +8,15 @@
 // broadcasts per 24 vdpbf16ps, and a decode GEMV reads each group as one sequential stream.
 //
 // Numerics: y[t][n] is one accumulator, starting at +0, that takes the pairs q = 0, 1, ...,
-// K/2 - 1 in order, each as acc = (acc + x[2q+1] w[2q+1]) + x[2q] w[2q], every product and every
-// addition rounded to f32 (vdpbf16ps's order; a bf16 x bf16 product is exact). That order depends
-// only on K: the bits do not depend on T, on where the row falls in a group, on the row range a
-// call covers, on the thread count or on the target, and the scalar twins (`_ref`) give the same
-// bits. An f32 x whose values are all bf16 values gives the bits of the bf16 x. vdpbf16ps treats
-// subnormal bf16 inputs and results as zero; the twins and the other paths keep them, so only data
-// with subnormal values or partial sums can differ between CPUs.
+// K/2 - 1 in order, each as acc = fma(x[2q], w[2q], fma(x[2q+1], w[2q+1], acc)). For bf16 tokens
+// a product is exact, so each step is vdpbf16ps's (acc + odd product) + even product with two
+// roundings, and every target gives the same bits. That order depends only on K: the bits do not
+// depend on T, on where the row falls in a group, on the row range a call covers or on the thread
+// count, and the scalar twins (`_ref`) give the same bits. An f32 x whose values are all bf16
+// values gives the bits of the bf16 x. Other f32 tokens give the twin's bits on targets with FMA
+// (AVX2, AVX-512); SSE4 and older round the product first. vdpbf16ps treats subnormal bf16 inputs
+// and results as zero; the twins and the other paths keep them, so only data with subnormal
+// values or partial sums can differ between CPUs.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,7 @@ namespace attnres {
 // when the product is large enough; K must be even, row0 + rows <= N.
 void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
                        int64_t row0, int64_t rows, float* y, int64_t ldy);
-// The same with f32 tokens (each product rounded to f32, then added: see Numerics).
+// The same with f32 tokens (see Numerics).
 void matmul_lanes(const float* x, int64_t T, const bf16* packed, int64_t N, int64_t K, int64_t row0,
                   int64_t rows, float* y, int64_t ldy);
 // The same on the calling thread only, for a batch's work unit: xh (bf16) when the job has it,

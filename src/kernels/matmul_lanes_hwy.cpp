@@ -4,7 +4,7 @@
 // rows (V = 4 but in a short last group), V x MR accumulators kept over the whole K. Per pair of
 // columns a tile loads the group's V weight vectors (64 V contiguous bytes) and broadcasts each
 // token's pair once, then issues V x MR vdpbf16ps. Other targets, and f32 tokens, run the same
-// per-lane order in f32: a pair's odd product, rounded, is added first, then the even one.
+// per-lane order in f32: a fused multiply-add of a pair's odd element, then of the even one.
 //
 // Blocking: a thread takes a contiguous range of groups; tokens are walked in blocks of about
 // 512 KiB of bf16 rows (L2), each block applied to every group of the range before the next, so
@@ -35,6 +35,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kGroup = kLaneGroupRows;
 constexpr int kMaxTileTokens = 6;
+// Tokens of a generic tile: with 16 vector registers, 4 tokens x 2 vectors of rows
+// (GenericVectors), whose 2 weight loads and 8 broadcasts per pair feed 16 FMAs.
+constexpr int kGenericTileTokens = HWY_MAX_BYTES >= 64 ? kMaxTileTokens : 4;
 
 // Lanes [lo, hi) of a group (0 <= lo < hi <= its rows) are the rows a call writes.
 struct LaneSpan {
@@ -59,11 +62,11 @@ struct F32Tokens {
   float at(int64_t t, int64_t k) const { return x[t * K + k]; }
 };
 
-// Calls tile(t, mr) over tokens [0, n) in ceil(n / 6) tiles of near-equal size (7 = 4 + 3), so no
-// tile is much shorter than the others.
+// Calls tile(t, mr) over tokens [0, n) in ceil(n / most) tiles of near-equal size (most = 6:
+// 7 = 4 + 3), so no tile is much shorter than the others.
 template <class Tile>
-HWY_INLINE void ForEachTokenTile(int64_t n, const Tile& tile) {
-  const int64_t tiles = (n + kMaxTileTokens - 1) / kMaxTileTokens;
+HWY_INLINE void ForEachTokenTile(int64_t n, int64_t most, const Tile& tile) {
+  const int64_t tiles = (n + most - 1) / most;
   int64_t t = 0;
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t mr = n / tiles + (i < n % tiles ? 1 : 0);
@@ -80,14 +83,10 @@ HWY_INLINE void WidenPairs(DF df, VU pairs, hn::Vec<DF>& even, hn::Vec<DF>& odd)
   odd = hn::BitCast(df, hn::And(pairs, hn::Set(du, 0xFFFF0000u)));
 }
 
-// Vectors of rows a generic tile covers at once: each is MR independent accumulator chains, so a
-// one-token tile (decode) keeps NV chains in flight; 4 on targets with 32 vector registers
-// (MR x 4 accumulators, MR <= 6), 2 on the others.
-constexpr int kGenericVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
-
 // Generic targets and f32 tokens: MR tokens (from t) x NV vectors of rows (lanes v0 ..
-// v0 + NV L of a group of R rows). Each product is rounded, then added (Mul, Add: the same bits
-// on every target, and those of vdpbf16ps when the tokens are bf16 values).
+// v0 + NV L of a group of R rows), each lane a fused multiply-add of the odd then the even
+// element of every pair (MulAdd; for bf16 tokens the product is exact, so this is vdpbf16ps's
+// arithmetic on every target; for f32 tokens the twin's bits on targets with FMA).
 template <int MR, int NV, class X>
 HWY_INLINE void GenericTile(const X& x, int64_t t, const uint16_t* HWY_RESTRICT group, int64_t R,
                             int64_t v0, float* HWY_RESTRICT y, int64_t ldy, LaneSpan span) {
@@ -99,13 +98,25 @@ HWY_INLINE void GenericTile(const X& x, int64_t t, const uint16_t* HWY_RESTRICT 
     for (int v = 0; v < NV; ++v) acc[m][v] = hn::Zero(df);
   for (int64_t q = 0; q < K / 2; ++q) {
     const uint16_t* wq = group + (q * R + v0) * 2;
-    for (int v = 0; v < NV; ++v) {
-      const auto pairs = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wq + v * L * 2));
-      hn::Vec<decltype(df)> even, odd;
-      WidenPairs(df, pairs, even, odd);
+    if constexpr (MR == 1) {  // one vector's halves at a time: NV chains in few registers
+      const auto xo = hn::Set(df, x.at(t, 2 * q + 1)), xe = hn::Set(df, x.at(t, 2 * q));
+      for (int v = 0; v < NV; ++v) {
+        hn::Vec<decltype(df)> even, odd;
+        WidenPairs(df, hn::LoadU(du, reinterpret_cast<const uint32_t*>(wq + v * L * 2)), even, odd);
+        acc[0][v] = hn::MulAdd(xo, odd, acc[0][v]);
+        acc[0][v] = hn::MulAdd(xe, even, acc[0][v]);
+      }
+    } else {  // every vector's halves first, then each token's broadcasts once
+      hn::Vec<decltype(df)> even[NV], odd[NV];
+      for (int v = 0; v < NV; ++v)
+        WidenPairs(df, hn::LoadU(du, reinterpret_cast<const uint32_t*>(wq + v * L * 2)), even[v],
+                   odd[v]);
       for (int m = 0; m < MR; ++m) {
-        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, x.at(t + m, 2 * q + 1)), odd));
-        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, x.at(t + m, 2 * q)), even));
+        const auto xo = hn::Set(df, x.at(t + m, 2 * q + 1)), xe = hn::Set(df, x.at(t + m, 2 * q));
+        for (int v = 0; v < NV; ++v) {
+          acc[m][v] = hn::MulAdd(xo, odd[v], acc[m][v]);
+          acc[m][v] = hn::MulAdd(xe, even[v], acc[m][v]);
+        }
       }
     }
   }
@@ -120,6 +131,18 @@ HWY_INLINE void GenericTile(const X& x, int64_t t, const uint16_t* HWY_RESTRICT 
   }
 }
 
+// Vectors of rows a generic tile of MR tokens covers at once, at most a group's 64 rows and at
+// most 8. Each vector is MR independent chains; a one-token tile (decode) needs many of them to
+// keep the FMA units busy, and holds one vector's halves at a time. Larger tiles hold the MR x NV
+// accumulators, the NV vectors' widened halves and one token's two broadcasts in registers.
+template <int MR>
+constexpr int GenericVectors() {
+  constexpr int regs = HWY_MAX_BYTES >= 64 ? 32 : 16;
+  constexpr int per_group = static_cast<int>(kGroup / hn::MaxLanes(hn::ScalableTag<float>()));
+  constexpr int fit = MR == 1 ? regs - 6 : (regs - 2) / (MR + 2);
+  return std::max(1, std::min({fit, per_group, 8}));
+}
+
 // Calls f(std::integral_constant<int, v>) for v = n (1 <= n <= kMax).
 template <int kMax, class F>
 HWY_INLINE void WithCount(int64_t n, const F& f) {
@@ -132,11 +155,12 @@ HWY_INLINE void WithCount(int64_t n, const F& f) {
 template <int MR, class X>
 HWY_NOINLINE void GenericGroupTile(const X& x, int64_t t, const uint16_t* group, int64_t R,
                                    float* y, int64_t ldy, LaneSpan span) {
+  constexpr int kNV = GenericVectors<MR>();
   const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-  for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += kGenericVectors * L) {
+  for (int64_t v0 = span.lo / L * L; v0 < span.hi; v0 += kNV * L) {
     // R is a multiple of 16 and so of L: the vectors up to the span's end lie inside the group.
-    const int64_t nv = std::min<int64_t>(kGenericVectors, (span.hi - v0 + L - 1) / L);
-    WithCount<kGenericVectors>(nv, [&](auto tag) {
+    const int64_t nv = std::min<int64_t>(kNV, (span.hi - v0 + L - 1) / L);
+    WithCount<kNV>(nv, [&](auto tag) {
       GenericTile<MR, decltype(tag)::value>(x, t, group, R, v0, y, ldy, span);
     });
   }
@@ -229,7 +253,7 @@ void LanesGroups(const uint16_t* xh, const float* xf, int64_t T, const uint16_t*
                           std::min<int64_t>(row0 + rows - first, kGroup)};
       const uint16_t* group = packed + first * K;
       const int64_t R = lanes_group_rows(N, g);
-      ForEachTokenTile(tn, [&](int64_t t, int64_t mr) {
+      ForEachTokenTile(tn, dot ? kMaxTileTokens : kGenericTileTokens, [&](int64_t t, int64_t mr) {
         GroupTile(mr, x, t0 + t, group, R, y + (t0 + t) * ldy + (first - row0), ldy, span, dot);
       });
     }
