@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "kernels/bf16_hwy-inl.h"
+#include "kernels/count_hwy-inl.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
@@ -403,23 +404,9 @@ HWY_INLINE void TileRows(const Tile& tile, int64_t t, int64_t n, int nr) {
   }
 }
 
-// fn(std::integral_constant<int, mr>()) for a runtime 1 <= mr <= MR.
-template <int MR, class Fn>
-HWY_INLINE void WithTokens(int mr, const Fn& fn) {
-  if constexpr (MR == 1) {
-    fn(std::integral_constant<int, 1>());
-  } else {
-    if (mr == MR) {
-      fn(std::integral_constant<int, MR>());
-    } else {
-      WithTokens<MR - 1>(mr, fn);
-    }
-  }
-}
-
 template <int TN, int MR, class Tile>
 HWY_INLINE void TileAny(const Tile& tile, int64_t t, int64_t n, int mr, int nr) {
-  WithTokens<MR>(mr, [&](auto m) { TileRows<TN, decltype(m)::value>(tile, t, n, nr); });
+  WithCount<MR>(mr, [&](auto m) { TileRows<TN, decltype(m)::value>(tile, t, n, nr); });
 }
 
 // fn(begin, size) for each of `parts` contiguous parts of [0, n) in order, part i being
@@ -929,7 +916,7 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
         if (tiles == 1) {  // one tile of at most 4 tokens (decode among them): one call
           const int64_t groups = (row_end - row_begin) / NR;
           float* yt = y + (t0 + t1) * ldy + n;
-          WithTokens<4>(static_cast<int>(m), [&](auto mr) {
+          WithCount<4>(static_cast<int>(m), [&](auto mr) {
             constexpr int MR = decltype(mr)::value;
             if (t0 + t1 == 0)
               Mxfp4SplitTiles<MR, NR, true>(xs + t1 * K, N, K, packed, scale, n, groups, yt, ldy);

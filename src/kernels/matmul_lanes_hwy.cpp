@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/count_hwy-inl.h"
 #include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
 #include "util/parallel.h"
@@ -141,15 +142,6 @@ constexpr int GenericVectors() {
   constexpr int per_group = static_cast<int>(kGroup / hn::MaxLanes(hn::ScalableTag<float>()));
   constexpr int fit = MR == 1 ? regs - 6 : (regs - 2) / (MR + 2);
   return std::max(1, std::min({fit, per_group, 8}));
-}
-
-// Calls f(std::integral_constant<int, v>) for v = n (1 <= n <= kMax).
-template <int kMax, class F>
-HWY_INLINE void WithCount(int64_t n, const F& f) {
-  if constexpr (kMax > 1) {
-    if (n < kMax) return WithCount<kMax - 1>(n, f);
-  }
-  f(std::integral_constant<int, kMax>());
 }
 
 template <int MR, class X>

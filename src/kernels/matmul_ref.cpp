@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "kernels/matmul.h"
-#include "util/lanes.h"
 
 namespace attnres {
 namespace {
@@ -27,9 +26,7 @@ void matmul_rows(const float* x, int64_t T, int64_t N, int64_t K, float* y, Load
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y) {
   const int64_t N = W.shape[0], K = W.shape[1];
   if (W.layout == Layout::kBf16Lanes) {
-    const bf16* w = W.as<bf16>();
-    matmul_rows(x, T, N, K, y,
-                [=](int64_t n, int64_t k) { return bf16_to_f32(w[lanes_index(n, k, N, K)]); });
+    matmul_rows(x, T, N, K, y, [&W, K](int64_t n, int64_t k) { return W.get_f32(n * K + k); });
   } else if (W.dtype == DType::kBF16) {
     const bf16* w = W.as<bf16>();
     matmul_rows(x, T, N, K, y, [w, K](int64_t n, int64_t k) { return bf16_to_f32(w[n * K + k]); });
@@ -45,10 +42,7 @@ void matmul_bf16_ref(const bf16* x, int64_t T, const TensorView& W, float* y) {
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
-        const float w = W.layout == Layout::kBf16Lanes ? W.get_f32(n * K + k)
-                        : W.dtype == DType::kBF16      ? bf16_to_f32(W.as<bf16>()[n * K + k])
-                                                       : W.as<float>()[n * K + k];
-        acc += bf16_to_f32(x[t * K + k]) * w;
+        acc += bf16_to_f32(x[t * K + k]) * W.get_f32(n * K + k);
       }
       y[t * N + n] = acc;
     }
