@@ -161,11 +161,10 @@ HWY_NOINLINE void GenericGroupTile(const X& x, int64_t t, const uint16_t* group,
 #if HWY_TARGET == HWY_AVX3
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
-// Decode reads a group front to back; this far ahead (2 KiB of a full group) a tile of one
-// token prefetches.
-constexpr int64_t kPrefetchPairs = 8;
-
-// MR bf16 tokens x a group of 16 V rows: V vectors of accumulators per token.
+// MR bf16 tokens x a group of 16 V rows: V vectors of accumulators per token. A group is one
+// sequential stream, so no software prefetch: the hardware prefetcher follows it, and at decode
+// (MR = 1) a prefetch per line 2 KiB ahead made the k3-mini decode step slower where memory is
+// fast (docs/performance.md, "Decode without software prefetch").
 template <int MR, int V>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                                 const uint16_t* HWY_RESTRICT group,
@@ -175,12 +174,6 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, 
     for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t q = 0; q < K / 2; ++q) {
     const uint16_t* wq = group + q * V * 32;
-    if constexpr (MR == 1) {
-      if (q + kPrefetchPairs < K / 2) {
-        const char* ahead = reinterpret_cast<const char*>(wq + kPrefetchPairs * V * 32);
-        for (int v = 0; v < V; ++v) _mm_prefetch(ahead + 64 * v, _MM_HINT_T0);
-      }
-    }
     __m512bh w[V];
     for (int v = 0; v < V; ++v) w[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wq + 32 * v));
     for (int m = 0; m < MR; ++m) {
