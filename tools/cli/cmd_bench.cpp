@@ -15,9 +15,9 @@
 // repetitions; and, as context, the mean of read passes run after each repetition: what a
 // sustained stream got at the time), the share of decode time spent in AttnRes reads, the
 // shares of decode time spent in dense and MXFP4 projection batches with the GB/s each streams,
-// the prefill's floating-point work against the compute peak of its dot-product instruction (the
-// better of a probe before and one after the repetitions) and its split by phase, and peak
-// resident memory.
+// the rest of decode time (its share and milliseconds per token), the prefill's floating-point
+// work against the compute peak of its dot-product instruction (the better of a probe before and
+// one after the repetitions) and its split by phase, and peak resident memory.
 // With --concurrency: for each N, N sequences with distinct prompts (--prompt-tokens, and
 // --gen-tokens default 128) run together; measured while all N decode (from the last first
 // token to the first finish): aggregate and per-sequence decode tok/s, the median time to first
@@ -262,6 +262,9 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       });
   const double prefill_rest_share = 1.0 - pmed.prefill_dense_share - pmed.prefill_mxfp4_share;
   const auto [dmin, dmax] = std::minmax_element(decode_tps.begin(), decode_tps.end());
+  // Decode time outside the projection batches: norms, attention, the KDA state update, routing,
+  // activations, the inputs' bf16 copies, sampling.
+  const double decode_rest_share = 1.0 - median(dense_share) - median(mxfp4_share);
   const nlohmann::json j = {
       {"model", a.model.model},
       {"dtype", a.model.dtype},
@@ -315,6 +318,8 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"mxfp4_proj_share", median(mxfp4_share)},
       {"mxfp4_proj_gb_s", mxfp4_gb_s_med},
       {"mxfp4_proj_roofline_fraction", mxfp4_gb_s_med / stream.read_gb_s},
+      {"decode_rest_share", decode_rest_share},
+      {"decode_rest_ms_per_token", 1e3 * decode_rest_share / decode_med},
       {"peak_rss_bytes", peak_rss},
       {"weights_in_memory_bytes", info.bytes_in_memory},
       {"weights_huge_page_bytes", info.bytes_in_memory_huge},
@@ -358,10 +363,10 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   std::printf("AttnRes reads  %.2f%% of decode time\n", 100.0 * median(attnres_share));
   std::printf(
       "projections    dense %.1f%% of decode time (%.2f GB/s, %.1f%% of STREAM read), MXFP4 "
-      "experts %.1f%% (%.2f GB/s, %.1f%%), rest %.1f%%\n",
+      "experts %.1f%% (%.2f GB/s, %.1f%%), rest %.1f%% (%.2f ms per token)\n",
       100.0 * median(dense_share), dense_gb_s_med, 100.0 * dense_gb_s_med / stream.read_gb_s,
       100.0 * median(mxfp4_share), mxfp4_gb_s_med, 100.0 * mxfp4_gb_s_med / stream.read_gb_s,
-      100.0 * (1.0 - median(dense_share) - median(mxfp4_share)));
+      100.0 * decode_rest_share, 1e3 * decode_rest_share / decode_med);
   if (info.ranks > 1)
     std::printf(
         "ranks          %d: %.1f collectives/token (%.1f gathers), %.2f MB gathered/token, "

@@ -173,6 +173,13 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
               j["dense_proj_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
   EXPECT_NEAR(j["mxfp4_proj_roofline_fraction"].get<double>(),
               j["mxfp4_proj_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
+  // The rest of decode time: what the two projection shares leave, and its time per token.
+  EXPECT_NEAR(j["decode_rest_share"].get<double>(),
+              1.0 - j["dense_proj_share"].get<double>() - j["mxfp4_proj_share"].get<double>(),
+              1e-9);
+  EXPECT_GT(j["decode_rest_share"].get<double>(), 0.0);
+  EXPECT_NEAR(j["decode_rest_ms_per_token"].get<double>(),
+              1e3 * j["decode_rest_share"].get<double>() / j["decode_tok_s"].get<double>(), 1e-9);
   EXPECT_GT(j["sustained_read_gb_s"].get<double>(), 0.0);
   EXPECT_NEAR(j["sustained_read_fraction"].get<double>(),
               j["achieved_gb_s"].get<double>() / j["sustained_read_gb_s"].get<double>(), 1e-9);
