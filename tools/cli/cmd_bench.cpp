@@ -265,6 +265,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   // Decode time outside the projection batches: norms, attention, the KDA state update, routing,
   // activations, the inputs' bf16 copies, sampling.
   const double decode_rest_share = 1.0 - median(dense_share) - median(mxfp4_share);
+  const double decode_rest_ms = 1e3 * decode_rest_share / decode_med;
   const nlohmann::json j = {
       {"model", a.model.model},
       {"dtype", a.model.dtype},
@@ -319,7 +320,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"mxfp4_proj_gb_s", mxfp4_gb_s_med},
       {"mxfp4_proj_roofline_fraction", mxfp4_gb_s_med / stream.read_gb_s},
       {"decode_rest_share", decode_rest_share},
-      {"decode_rest_ms_per_token", 1e3 * decode_rest_share / decode_med},
+      {"decode_rest_ms_per_token", decode_rest_ms},
       {"peak_rss_bytes", peak_rss},
       {"weights_in_memory_bytes", info.bytes_in_memory},
       {"weights_huge_page_bytes", info.bytes_in_memory_huge},
@@ -366,7 +367,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       "experts %.1f%% (%.2f GB/s, %.1f%%), rest %.1f%% (%.2f ms per token)\n",
       100.0 * median(dense_share), dense_gb_s_med, 100.0 * dense_gb_s_med / stream.read_gb_s,
       100.0 * median(mxfp4_share), mxfp4_gb_s_med, 100.0 * mxfp4_gb_s_med / stream.read_gb_s,
-      100.0 * decode_rest_share, 1e3 * decode_rest_share / decode_med);
+      100.0 * decode_rest_share, decode_rest_ms);
   if (info.ranks > 1)
     std::printf(
         "ranks          %d: %.1f collectives/token (%.1f gathers), %.2f MB gathered/token, "
