@@ -561,9 +561,10 @@ ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16x32(const uint16_t* p) {
 
 // Zero-padded last step (fewer than 32 elements left).
 ATTNRES_BF16_DOT HWY_INLINE __m512bh LoadBf16Tail(const uint16_t* p, int64_t n) {
-  HWY_ALIGN uint16_t buf[32] = {};
-  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(uint16_t));
-  return reinterpret_cast<__m512bh>(_mm512_load_si512(buf));
+  // A masked load (the elements past n are neither read nor faulted on); a copy through a
+  // stack buffer instead kept the callers' accumulators in memory.
+  const __mmask32 keep = static_cast<__mmask32>((uint64_t{1} << n) - 1);
+  return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(keep, p));
 }
 
 // The lane sums of four accumulators, [sum a, sum b, sum c, sum d], each with exactly
@@ -590,24 +591,40 @@ ATTNRES_BF16_DOT HWY_INLINE __m128 ReduceAdd4(__m512 a, __m512 b, __m512 c, __m5
       _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
 }
 
-// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. With consecutive
-// rows (rs = 1) and an even NR, tokens and rows in pairs through ReduceAdd4: [y(m, r),
-// y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two; the rest one by one.
+// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. The sums go four
+// at a time through ReduceAdd4: with consecutive rows (rs = 1) and an even NR, tokens and rows
+// in pairs ([y(m, r), y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two); otherwise
+// the accumulators in (m, r) order, each sum stored alone; the last MR NR mod 4 one by one.
+// Every loop is unrolled, so the accumulators stay in registers (a rolled loop over them makes
+// the compiler keep the whole tile in memory).
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_INLINE void StoreTileSums(const __m512 (&acc)[MR][NR], float* HWY_RESTRICT y,
                                                int64_t ldy, int64_t rs) {
-  int m = 0;
-  if (NR % 2 == 0 && rs == 1) {
-    for (; m + 2 <= MR; m += 2) {
-      for (int r = 0; r + 2 <= NR; r += 2) {
+  if (NR % 2 == 0 && MR % 2 == 0 && rs == 1) {
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m += 2) {
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; r += 2) {
         const __m128 s = ReduceAdd4(acc[m][r], acc[m][r + 1], acc[m + 1][r], acc[m + 1][r + 1]);
         _mm_storel_pi(reinterpret_cast<__m64*>(y + m * ldy + r), s);
         _mm_storeh_pi(reinterpret_cast<__m64*>(y + (m + 1) * ldy + r), s);
       }
     }
+    return;
   }
-  for (; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * ldy + r * rs] = _mm512_reduce_add_ps(acc[m][r]);
+  constexpr int kSums = MR * NR;
+  const auto out = [&](int i) { return y + (i / NR) * ldy + (i % NR) * rs; };
+#pragma GCC unroll 16
+  for (int i = 0; i + 4 <= kSums; i += 4) {
+    const __m128 s = ReduceAdd4(acc[i / NR][i % NR], acc[(i + 1) / NR][(i + 1) % NR],
+                                acc[(i + 2) / NR][(i + 2) % NR], acc[(i + 3) / NR][(i + 3) % NR]);
+    _mm_store_ss(out(i), s);
+    _mm_store_ss(out(i + 1), _mm_movehdup_ps(s));
+    _mm_store_ss(out(i + 2), _mm_movehl_ps(s, s));
+    _mm_store_ss(out(i + 3), _mm_shuffle_ps(s, s, 3));
+  }
+#pragma GCC unroll 4
+  for (int i = kSums / 4 * 4; i < kSums; ++i) *out(i) = _mm512_reduce_add_ps(acc[i / NR][i % NR]);
 }
 
 template <int MR, int NR>
@@ -630,11 +647,14 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotBf16Tile(const uint16_t* HWY_RESTRICT x, i
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
-  if (k < K) {
+  if (k < K) {  // the zero-padded last step; its loops unrolled as in StoreTileSums
     __m512bh wv[NR];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r) wv[r] = LoadBf16Tail(w + (n0 + r * rs) * K + k, K - k);
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = LoadBf16Tail(x + m * K + k, K - k);
+#pragma GCC unroll 16
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
@@ -838,14 +858,17 @@ ATTNRES_BF16_DOT HWY_INLINE void Mxfp4SplitGroup(const uint16_t* HWY_RESTRICT xs
       }
     }
   }
-  if (b < row_scales) {
+  if (b < row_scales) {  // the odd last block; its loops unrolled as in StoreTileSums
     const __m512 values = _mm512_loadu_ps(kE2m1Values);
     __m512bh wv[NR];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
       wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
                               scale[(n0 + r) * row_scales + b], values);
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize);
+#pragma GCC unroll 16
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
     }
   }
