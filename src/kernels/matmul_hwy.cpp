@@ -591,16 +591,26 @@ ATTNRES_BF16_DOT HWY_INLINE __m128 ReduceAdd4(__m512 a, __m512 b, __m512 c, __m5
       _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
 }
 
-// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits. The sums go four
-// at a time through ReduceAdd4: with consecutive rows (rs = 1) and an even NR, tokens and rows
-// in pairs ([y(m, r), y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two); otherwise
-// the accumulators in (m, r) order, each sum stored alone; the last MR NR mod 4 one by one.
-// Every loop is unrolled, so the accumulators stay in registers (a rolled loop over them makes
-// the compiler keep the whole tile in memory).
+// y[m ldy + r rs] = the lane sum of acc[m][r], _mm512_reduce_add_ps's bits, four at a time
+// through ReduceAdd4. With consecutive rows (rs = 1): four rows of a token (one store) when NR
+// is a multiple of 4, else tokens and rows in pairs when both counts are even ([y(m, r),
+// y(m, r + 1), y(m + 1, r), y(m + 1, r + 1)], two stores of two). Otherwise the accumulators in
+// (m, r) order, each sum stored alone, the last MR NR mod 4 one by one. Every loop is unrolled
+// so that the accumulators stay in registers (over an array indexed in a loop it does not
+// unroll, GCC keeps the whole tile in memory).
 template <int MR, int NR>
 ATTNRES_BF16_DOT HWY_INLINE void StoreTileSums(const __m512 (&acc)[MR][NR], float* HWY_RESTRICT y,
                                                int64_t ldy, int64_t rs) {
-  if (NR % 2 == 0 && MR % 2 == 0 && rs == 1) {
+  if (rs == 1 && NR % 4 == 0) {
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; r += 4)
+        _mm_storeu_ps(y + m * ldy + r,
+                      ReduceAdd4(acc[m][r], acc[m][r + 1], acc[m][r + 2], acc[m][r + 3]));
+    return;
+  }
+  if (rs == 1 && NR % 2 == 0 && MR % 2 == 0) {
 #pragma GCC unroll 8
     for (int m = 0; m < MR; m += 2) {
 #pragma GCC unroll 8
