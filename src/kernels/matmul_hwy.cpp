@@ -978,12 +978,14 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
 }
 
 // From this many tokens on, decoding a group of rows once into an L1 buffer for all the tokens
-// (DotBf16Tile over it) beats Mxfp4SplitTile's decode in registers once per tile: one thread,
-// one expert in L2, of the vdpbf16ps peak (register decode against decoded rows):
-//   [512, 512]:  8 tokens 0.57 / 0.55, 9 tokens 0.37 / 0.51, 12 tokens 0.52 / 0.61,
-//                16 tokens 0.38 / 0.62;
-//   [512, 1024]: 8 tokens 0.67 / 0.62, 9 tokens 0.46 / 0.58, 16 tokens 0.66 / 0.73.
-constexpr int64_t kMxfp4DecodeOnceMinTokens = 9;
+// (DotBf16Tile over it) beats Mxfp4SplitTile's decode in registers once per tile. One thread,
+// one expert in L2, GFLOP/s with the register decode against the decoded rows (the best of 7
+// runs of 400 products, two alternated runs; this core's vdpbf16ps peak is ~410):
+//   [512, 512]:  9 tokens 285 / 244, 10 tokens 206-273 / 244, 11 tokens 224-245 / 255,
+//                12 tokens 252-260 / 266, 16 tokens 230-234 / 279;
+//   [512, 1024]: 9 tokens 291-303 / 269, 10 tokens 293-296 / 276, 11 tokens 281-282 / 261,
+//                12 tokens 281-290 / 294, 16 tokens 271-275 / 310.
+constexpr int64_t kMxfp4DecodeOnceMinTokens = 11;
 
 // Rows [row_begin, row_end) of y = x W^T for bf16 tokens and MXFP4 weights (see above).
 // Tokens in blocks of at most 256 KiB of split values (L2-resident). Per block, fewer than
