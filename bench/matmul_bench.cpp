@@ -618,5 +618,44 @@ BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// args: T, K. One MXFP4 expert [512, K] in cache, T bf16 tokens, on one thread: the expert
+// kernels' own arithmetic with memory out of the way (the register-decode tiles below
+// kMxfp4DecodeOnceMinTokens tokens, the decoded-rows path from there). Reported against the
+// vdpbf16ps peak of one thread probed in the same process.
+void BM_Mxfp4ExpertInCache(benchmark::State& state) {
+  context_once();
+  const int64_t T = state.range(0), N = 512, K = state.range(1);
+  const std::vector<uint8_t> packed = random_bytes(N * K / 2, 17, 0, 255);    // [N, K/2]
+  const std::vector<uint8_t> scale = random_bytes(N * K / 32, 18, 118, 124);  // [N, K/32]
+  std::vector<float> x = random_f32(T * K, 19);                               // [T, K]
+  for (float& v : x) v = round_bf16(v);
+  std::vector<bf16> xh(x.size());
+  if (!bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), xh.data()))
+    state.SkipWithError("x not bf16-exact");
+  std::vector<float> y(static_cast<size_t>(T * N));  // [T, N]
+  MatmulJob j = mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data());
+  j.xh = xh.data();
+  const int saved = parallel_threads();
+  set_parallel_threads(1);
+  static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;  // one thread
+  // One product first, so the expert's weights are in cache.
+  matmul_batch(&j, 1);
+  BestOf best;
+  for (auto _ : state) {
+    best.time([&] { matmul_batch(&j, 1); });
+    benchmark::DoNotOptimize(y.data());
+  }
+  set_parallel_threads(saved);
+  const double gflop = 2.0 * static_cast<double>(T * N * K) * 1e-9;
+  state.counters["best_GFLOP_s"] = gflop / best.seconds();
+  state.counters["thread_peak_GFLOP_s"] = peak;
+  state.counters["best_of_peak"] = gflop / best.seconds() / peak;
+}
+BENCHMARK(BM_Mxfp4ExpertInCache)
+    ->ArgNames({"T", "K"})
+    ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace attnres::bench
