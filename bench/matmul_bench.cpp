@@ -49,6 +49,19 @@ std::vector<bf16> random_bf16(int64_t n, uint32_t seed) {
   return v;
 }
 
+// n random values that are all bf16 values, as f32 (x) and as bf16 (xh): the tokens of the bf16
+// flow, whose jobs carry both. Skips the benchmark if the copy is not exact.
+struct Bf16Tokens {
+  std::vector<float> x;
+  std::vector<bf16> xh;
+};
+Bf16Tokens random_bf16_tokens(benchmark::State& state, int64_t n, uint32_t seed) {
+  Bf16Tokens t{random_f32(n, seed), std::vector<bf16>(static_cast<size_t>(n))};
+  for (float& v : t.x) v = round_bf16(v);
+  if (!bf16_exact_copy(t.x.data(), n, t.xh.data())) state.SkipWithError("x not bf16-exact");
+  return t;
+}
+
 std::vector<uint8_t> random_bytes(int64_t n, uint32_t seed, int lo, int hi) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> d(lo, hi);
@@ -206,11 +219,8 @@ void BM_GemvMxfp4(benchmark::State& state) {
   const int64_t pb = N * K / 2, ps = N * K / 32, copies = copies_for(pb + ps);
   const std::vector<uint8_t> packed = random_bytes(pb * copies, 3, 0, 255);   // [copies, N, K/2]
   const std::vector<uint8_t> scale = random_bytes(ps * copies, 4, 118, 124);  // [copies, N, K/32]
-  std::vector<float> x = random_f32(K, 5);                                    // [K]
-  std::vector<bf16> xh(static_cast<size_t>(K));                               // [K]
-  for (float& v : x) v = round_bf16(v);
-  if (!bf16_exact_copy(x.data(), K, xh.data())) state.SkipWithError("x not bf16-exact");
-  std::vector<float> y(static_cast<size_t>(N));  // [N]
+  const auto [x, xh] = random_bf16_tokens(state, K, 5);                       // [K]
+  std::vector<float> y(static_cast<size_t>(N));                               // [N]
   time_gemv_paired(
       state, copies, pb + ps,
       [&](int64_t c) {
@@ -252,11 +262,8 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
   const int64_t pool = hot ? active : std::max<int64_t>(4 * active, copies_for(per_expert));
   const std::vector<uint8_t> packed = random_bytes(2 * pb * pool, 3, 0, 255);  // [pool, 2, N, K/2]
   const std::vector<uint8_t> scale =
-      random_bytes(2 * ps * pool, 4, 118, 124);  // [pool, 2, N, K/32]
-  std::vector<float> x = random_f32(K, 5);       // [K]
-  std::vector<bf16> xh(static_cast<size_t>(K));
-  for (float& v : x) v = round_bf16(v);
-  if (!bf16_exact_copy(x.data(), K, xh.data())) state.SkipWithError("x not bf16-exact");
+      random_bytes(2 * ps * pool, 4, 118, 124);               // [pool, 2, N, K/32]
+  const auto [x, xh] = random_bf16_tokens(state, K, 5);       // [K]
   std::vector<float> y(static_cast<size_t>(2 * active * N));  // [2 E_act, N]
   std::vector<MatmulJob> jobs(static_cast<size_t>(2 * active));
   std::vector<int64_t> ids(static_cast<size_t>(pool));
@@ -568,12 +575,8 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   const int64_t pool = std::max<int64_t>(E, copies_for(E * (pb + ps)) * E);
   const std::vector<uint8_t> packed = random_bytes(pb * pool, 13, 0, 255);   // [pool, N, K/2]
   const std::vector<uint8_t> scale = random_bytes(ps * pool, 14, 118, 124);  // [pool, N, K/32]
-  std::vector<float> x = random_f32(E * T * K, 15);                          // [E * T, K]
-  for (float& v : x) v = round_bf16(v);
-  std::vector<bf16> xh(x.size());
-  if (!bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), xh.data()))
-    state.SkipWithError("x not bf16-exact");
-  std::vector<float> y(static_cast<size_t>(E * T * N));  // [E * T, N]
+  const auto [x, xh] = random_bf16_tokens(state, E * T * K, 15);             // [E * T, K]
+  std::vector<float> y(static_cast<size_t>(E * T * N));                      // [E * T, N]
   std::vector<MatmulJob> jobs;
   int64_t round = 0;
   BestOf best;
@@ -627,12 +630,8 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   const int64_t T = state.range(0), N = 512, K = state.range(1);
   const std::vector<uint8_t> packed = random_bytes(N * K / 2, 17, 0, 255);    // [N, K/2]
   const std::vector<uint8_t> scale = random_bytes(N * K / 32, 18, 118, 124);  // [N, K/32]
-  std::vector<float> x = random_f32(T * K, 19);                               // [T, K]
-  for (float& v : x) v = round_bf16(v);
-  std::vector<bf16> xh(x.size());
-  if (!bf16_exact_copy(x.data(), static_cast<int64_t>(x.size()), xh.data()))
-    state.SkipWithError("x not bf16-exact");
-  std::vector<float> y(static_cast<size_t>(T * N));  // [T, N]
+  const auto [x, xh] = random_bf16_tokens(state, T * K, 19);                  // [T, K]
+  std::vector<float> y(static_cast<size_t>(T * N));                           // [T, N]
   MatmulJob j = mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data());
   j.xh = xh.data();
   const int saved = parallel_threads();
