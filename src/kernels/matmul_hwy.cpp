@@ -830,16 +830,13 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // even and odd halves are plain loads. A row's decode (~7 vector operations per pair of blocks)
 // is thus shared by up to 7 tokens (14 vdpbf16ps), which suits prefill experts with a few tokens
 // each (k3-mini, 256-token chunk: mostly 4-15); decode is the 1 x 4 tile. kPrefetch: the
-// first tile over its rows, the one that streams them from memory, prefetches them ahead; only
-// 4-row tiles (at most 5 tokens, decode among them) do: with 4 x 4 tiles and no prefetch, 64
-// cold experts [512, 1024] x 8 tokens ran at 0.29 of the vdpbf16ps peak against 0.53-0.57,
-// while the 7 x 3 tiles, with more arithmetic per byte, ran faster without the prefetch's
-// address work. 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's
-// temporaries) decodes a row per 7 tokens instead of 8 x 2's 8, but keeps 21 independent
-// vdpbf16ps chains instead of 16. k3-mini's routed experts for a 256-token chunk (cold weights,
-// BM_GemmMxfp4ExpertsBf16Act, alternated runs) reach 0.39-0.40 of the peak with 7 x 3 tiles
-// that do not prefetch, against 0.30-0.32 with prefetching 8 x 2 tiles; either choice alone
-// gained a few points.
+// first tile over its rows, the one that streams them from memory, prefetches them ahead, whatever
+// its shape. Cold experts [512, 1024] (BM_GemmMxfp4ExpertsBf16Act/E:64, alternated runs): 8
+// tokens in 4 x 4 tiles at 0.29 of the vdpbf16ps peak without it against 0.53-0.57; 6 and 7
+// tokens in 3-row tiles at 0.36-0.47 and 0.29-0.35 without it against 0.56-0.60 and 0.57-0.74.
+// 7 x 3 (21 accumulators + 6 decoded vectors + 2 token vectors + the decode's temporaries)
+// decodes a row per 7 tokens instead of 8 x 2's 8, but keeps 21 independent vdpbf16ps chains
+// instead of 16.
 constexpr int kMRs = 7, kNRs = 3;
 template <int MR, int NR, bool kPrefetch>
 ATTNRES_BF16_DOT HWY_INLINE void Mxfp4SplitGroup(const uint16_t* HWY_RESTRICT xs, int64_t N,
@@ -928,20 +925,17 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
     float* yt = y + (t0 + t) * ldy + n;
-    if constexpr (NR == 4) {  // at most 5 tokens: the first tile over the rows prefetches
-      if (t0 + t == 0) {
-        Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
-        return;
-      }
-    }
-    Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+    if (t0 + t == 0)  // the first tile over the rows prefetches
+      Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+    else
+      Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
   };
   ForEachEqualPart(tn, (tn + tl - 1) / tl, [&](int64_t t1, int64_t m) {  // sub-blocks
     const int64_t tiles = (m + kMRs - 1) / kMRs, largest = (m + tiles - 1) / tiles;
     // Tiles of NR rows and at most MRmax tokens (compile-time tile sizes).
     const auto rows = [&](auto nrc, auto mr_max) {
       constexpr int NR = decltype(nrc)::value, MRmax = decltype(mr_max)::value;
-      if (NR == 4 && t0 + t1 == 0)  // the prefetching tiles' run starts here
+      if (t0 + t1 == 0)  // the prefetching tiles' run starts here
         Mxfp4PrefetchRows(packed, scale, K, row_begin,
                           std::min(row_end, row_begin + kMxfp4PrefetchTiles * NR));
       int64_t n = row_begin;
