@@ -383,8 +383,13 @@ struct MlaCase {
 struct MlaShape {
   int64_t H, nope, rope, v, r;
 };
-constexpr MlaShape kMlaShapes[] = {
-    {1, 16, 0, 16, 16}, {3, 17, 5, 17, 17}, {3, 64, 16, 64, 64}, {1, 128, 64, 128, 70}};
+// r = 300: q_lat's whole register tiles (256 columns on AVX3, 128 on AVX2), single vectors and a
+// ragged end.
+constexpr MlaShape kMlaShapes[] = {{1, 16, 0, 16, 16},
+                                   {3, 17, 5, 17, 17},
+                                   {3, 64, 16, 64, 64},
+                                   {1, 128, 64, 128, 70},
+                                   {2, 24, 8, 16, 300}};
 
 TEST(MlaSimd, ExpandedMatchesScalarTwinOnEveryTarget) {
   for (const MlaShape& sh : kMlaShapes) {
