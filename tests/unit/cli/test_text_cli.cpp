@@ -153,6 +153,9 @@ TEST_F(TextCli, BenchJsonReportsConsistentFields) {
                                                             j["stream_gb_s_after"].get<double>()));
   EXPECT_NEAR(j["roofline_fraction"].get<double>(),
               j["achieved_gb_s"].get<double>() / j["stream_gb_s"].get<double>(), 1e-9);
+  // A probe that read less than decode streamed is flagged, never silently a roofline above 1.
+  EXPECT_EQ(j["probe_below_decode"].get<bool>(),
+            j["achieved_gb_s"].get<double>() > j["stream_gb_s"].get<double>());
   EXPECT_NEAR(j["achieved_gb_s"].get<double>(),
               j["bytes_per_token"].get<double>() * j["decode_tok_s"].get<double>() * 1e-9, 1e-6);
   double sum = 0;
