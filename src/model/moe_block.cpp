@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/moe_combine.h"
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
 #include "kernels/router.h"
@@ -75,6 +76,7 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   float* h3 = arena.take<float>(S * K * Il);      // [S*K, I]
   float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
   float* eo = arena.take<float>(S * K * rl);                       // [S*K, r] (this rank's r)
+  float* wg = arena.take<float>(S * K);  // [S, K] combine weights in each token's slot order
   MatmulJob* jobs = arena.take<MatmulJob>(2 * std::min(E, S * K));
   bool extra_sent = extra.full == nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += S) {
@@ -122,16 +124,14 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
     }
     project_batch(pj, jobs, nj);
     // Each token's weighted expert outputs, added in grouped (expert index) order: its grouped
-    // positions sorted ascending.
+    // positions sorted ascending, their weights gathered in that order.
     for (int64_t t = 0; t < ts; ++t) std::sort(pos_of + t * K, pos_of + (t + 1) * K);
     parallel_ranges(ts, ts * K * rl > kParallelMinWork, [&](int64_t t_begin, int64_t t_end) {
       for (int64_t t = t_begin; t < t_end; ++t) {
-        float* yt = y + (t0 + t) * r + es.r.begin;
-        for (int64_t s = 0; s < K; ++s) {
-          const int64_t g = pos_of[t * K + s];
-          const float wt = wts[slot_of[g]];
-          for (int64_t i = 0; i < rl; ++i) yt[i] += wt * eo[g * rl + i];
-        }
+        const int64_t* g = pos_of + t * K;
+        float* wt = wg + t * K;
+        for (int64_t s = 0; s < K; ++s) wt[s] = wts[slot_of[g[s]]];
+        moe_combine(eo, rl, g, wt, K, rl, y + (t0 + t) * r + es.r.begin);
       }
     });
   }

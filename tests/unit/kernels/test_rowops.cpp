@@ -1,6 +1,7 @@
 // Dispatched row kernels against their scalar twins, on every Highway target this CPU supports:
 // rms_norm / l2_norm / gated_rms_norm (norm_hwy.cpp), route_sigmoid_topk (router_hwy.cpp),
-// causal_conv1d_silu / kda_gate (conv_gate_hwy.cpp) and silu_mul (silu_hwy.cpp). Lengths on and
+// causal_conv1d_silu / kda_gate (conv_gate_hwy.cpp), silu_mul (silu_hwy.cpp) and moe_combine
+// (moe_combine_hwy.cpp). Lengths on and
 // off every vector width, bf16 output, aliasing, saturated and special inputs, inputs whose
 // sums are exact (where the fast path must then be bitwise the twin), and 1 vs 2 threads.
 //
@@ -22,6 +23,7 @@
 #include "kernels/activation.h"
 #include "kernels/conv_gate.h"
 #include "kernels/hwy_targets.h"
+#include "kernels/moe_combine.h"
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
 #include "kernels/router.h"
@@ -552,6 +554,46 @@ TEST(SiluMulFast, PositionAndThreadCountInvariant) {
     std::vector<float> y(37);
     silu_mul(g.data() + off, u.data() + off, 37, false, y.data());
     expect_bitwise(y, std::vector<float>(one.begin() + off, one.begin() + off + 37));
+  }
+}
+
+// --- MoE combine -------------------------------------------------------------------------
+
+// Bitwise the twin on every target: the same product-then-sum per term in slot order. Random
+// weights and rows make about half of all fused multiply-adds round differently from a product
+// and a sum, so a contracted build fails here. Rows repeat (a token may meet one expert output
+// row only once in the engine, but the kernel does not rely on it); widths on and off every
+// vector multiple; slots 1 (decode's shortest) to 9.
+TEST(MoeCombineFast, MatchesTwinBitwise) {
+  std::mt19937 rng(71);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (int64_t n : {1, 3, 15, 16, 17, 33, 63, 64, 65, 100, 512, 515}) {
+    for (int64_t k : {1, 2, 8, 9}) {
+      const int64_t nrows = 12, ldx = n + 5;
+      std::vector<float> x(static_cast<size_t>(nrows * ldx));
+      for (float& v : x)
+        v = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 20) - 10));
+      std::vector<int64_t> rows(static_cast<size_t>(k));
+      std::vector<float> w(static_cast<size_t>(k));
+      for (int64_t s = 0; s < k; ++s) {
+        rows[static_cast<size_t>(s)] = static_cast<int64_t>(rng() % nrows);
+        w[static_cast<size_t>(s)] = ud(rng);
+      }
+      std::vector<float> y0(static_cast<size_t>(n));
+      for (float& v : y0) v = nd(rng);
+      std::vector<float> want = y0;
+      moe_combine_ref(x.data(), ldx, rows.data(), w.data(), k, n, want.data());
+      for_each_target([&] {
+        SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k);
+        std::vector<float> got = y0;
+        moe_combine(x.data(), ldx, rows.data(), w.data(), k, n, got.data());
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(i)]),
+                    std::bit_cast<uint32_t>(want[static_cast<size_t>(i)]))
+              << "element " << i;
+      });
+    }
   }
 }
 
