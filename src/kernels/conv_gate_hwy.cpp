@@ -161,6 +161,10 @@ namespace attnres {
 HWY_EXPORT(CausalConv1dSilu);
 HWY_EXPORT(KdaGate);
 
+bool causal_conv1d_silu_splits(int64_t T, int64_t C, int W) {
+  return T * C * W > kParallelMinWork && parallel_threads() > 1;
+}
+
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                         float* state, float* y) {
   assert(W >= 1 && W <= kMaxConvWidth);
@@ -168,7 +172,7 @@ void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weigh
   // a channel's values do not depend on which tile or thread computes it.
   constexpr int64_t kGranule = 256;
   const int64_t granules = (C + kGranule - 1) / kGranule;
-  for_static_ranges(granules, T * C * W > kParallelMinWork, [&](int64_t g0, int64_t g1) {
+  for_static_ranges(granules, causal_conv1d_silu_splits(T, C, W), [&](int64_t g0, int64_t g1) {
     HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)
     (x, T, C, g0 * kGranule, std::min(C, g1 * kGranule), weight, W, state, y);
   });

@@ -27,6 +27,9 @@ namespace attnres {
 // alias x. W must be <= kMaxConvWidth (util/limits.h; config validation enforces it).
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weight, int W,
                         float* state, float* y);
+// Whether causal_conv1d_silu over T tokens of C channels splits its channels over the threads
+// (else it runs on the calling thread).
+bool causal_conv1d_silu_splits(int64_t T, int64_t C, int W);
 
 // Forget gate per channel. f is W_fb W_fa x [T, H*dk], a_log [H] (per head), dt_bias [H*dk].
 // With a lower bound lb: g = lb * sigmoid(exp(a_log[h]) * (f + dt_bias)).

@@ -14,6 +14,7 @@
 #include "kernels/norm.h"
 #include "model/blocks.h"
 #include "model/projection.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
@@ -50,23 +51,47 @@ void project_inputs(const ModelConfig& c, const KdaWeights& w, const Proj& pj, c
   project_batch(pj, jobs, 6);
 }
 
-// The short causal convolutions (+ SiLU) per segment, each over its sequence's conv window.
-void short_convolutions(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
-                        const KdaShare& sh, Arena& arena, const KdaRows& a) {
+// The short causal convolutions (+ SiLU) per segment, each over its sequence's conv window, and
+// the second projections of the first batch's low-rank outputs (the forget gate's f_b_proj, and
+// g_b_proj for a low-rank output gate): independent work. When no segment's convolutions split
+// over the threads (a decode step's are too small to), one thread runs them while another runs
+// the projections; otherwise one after the other, each over every thread. The scratch of both is
+// taken before they start (the arena is the calling thread's).
+void convolve_and_project(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
+                          const KdaShare& sh, const Proj& pj, int64_t T, const KdaRows& a) {
   const int64_t P = sh.P, Pv = sh.P;
   const int W = c.linear.short_conv_kernel_size;
-  const float* wq = widen(w.q_conv, arena);
-  const float* wk = widen(w.k_conv, arena);
-  const float* wv = widen(w.v_conv, arena);
-  for (const Segment& s : segments) {
-    KdaState& st = s.state->kda[static_cast<size_t>(layer)];
-    float* q = a.q + s.row0 * P;
-    float* k = a.k + s.row0 * P;
-    float* v = a.v + s.row0 * Pv;
-    causal_conv1d_silu(q, s.rows, P, wq, W, st.conv_q.data(), q);
-    causal_conv1d_silu(k, s.rows, P, wk, W, st.conv_k.data(), k);
-    causal_conv1d_silu(v, s.rows, Pv, wv, W, st.conv_v.data(), v);
+  const float* wq = widen(w.q_conv, pj.arena);
+  const float* wk = widen(w.k_conv, pj.arena);
+  const float* wv = widen(w.v_conv, pj.arena);
+  MatmulJob jobs[2] = {dense_job(a.fa, T, w.f_b_proj, a.g)};
+  int n = 1;
+  if (!c.linear.use_full_rank_gate) jobs[n++] = dense_job(a.ga, T, w.g_b_proj, a.gate);
+  prepare_batch(pj, jobs, n);
+  const auto convolve = [&] {
+    for (const Segment& s : segments) {
+      KdaState& st = s.state->kda[static_cast<size_t>(layer)];
+      float* q = a.q + s.row0 * P;
+      float* k = a.k + s.row0 * P;
+      float* v = a.v + s.row0 * Pv;
+      causal_conv1d_silu(q, s.rows, P, wq, W, st.conv_q.data(), q);
+      causal_conv1d_silu(k, s.rows, P, wk, W, st.conv_k.data(), k);
+      causal_conv1d_silu(v, s.rows, Pv, wv, W, st.conv_v.data(), v);
+    }
+  };
+  bool splits = false;
+  for (const Segment& s : segments) splits = splits || causal_conv1d_silu_splits(s.rows, P, W);
+  if (splits) {
+    convolve();
+    run_batch(pj, jobs, n);
+    return;
   }
+  parallel_tasks(2, [&](int64_t i) {
+    if (i == 0)
+      convolve();
+    else
+      run_batch(pj, jobs, n);
+  });
 }
 
 // The gated delta rule per segment against its recurrent state: the recurrent form for one
@@ -114,7 +139,7 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments se
   a.o = arena.take<float>(T * H * dv);
 
   project_inputs(c, w, pj, x, T, a);
-  short_convolutions(c, w, layer, segments, sh, arena, a);
+  convolve_and_project(c, w, layer, segments, sh, pj, T, a);
   round_to_bf16(a.q, T * P, bf16);
   round_to_bf16(a.k, T * P, bf16);
   round_to_bf16(a.v, T * H * dv, bf16);
@@ -123,9 +148,8 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments se
           a.q);
   l2_norm(a.k, T * H, dk, ModelConfig::kKdaL2NormEps, 1.0f, a.k);
 
-  // Forget gate g [T, H, dk] (log decay, f32): one a_log entry per group of a_log_group
-  // channels (a head).
-  project(pj, a.fa, T, w.f_b_proj, a.g);
+  // Forget gate g [T, H, dk] (log decay, f32) over f_b_proj's output: one a_log entry per group
+  // of a_log_group channels (a head).
   kda_gate(a.g, T, P / w.a_log_group, w.a_log_group, w.a_log.data(), widen(w.dt_bias, arena),
            c.linear.gate_lower_bound, a.g);
   for (int64_t i = 0; i < T * H; ++i) a.beta[i] = sigmoidf(a.beta[i]);
@@ -134,7 +158,6 @@ void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments se
   round_to_bf16(a.o, T * H * dv, bf16);
 
   // Output: gated RMSNorm per head, then the heads of every rank, then o_proj.
-  if (!c.linear.use_full_rank_gate) project(pj, a.ga, T, w.g_b_proj, a.gate);
   gated_rms_norm(a.o, a.gate, T * H, dv, w.o_norm, c.rms_norm_eps, bf16, a.o);
   if (!tp.sharded()) {
     project(pj, a.o, T, w.o_proj, out);

@@ -90,8 +90,16 @@ void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double sec
 }  // namespace
 
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
+  prepare_batch(pj, jobs, n, first_rounded);
+  run_batch(pj, jobs, n);
+}
+
+void prepare_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
   attach_bf16_inputs(pj, jobs, n);
   for (int64_t i = first_rounded; i < n; ++i) jobs[i].round_bf16 = pj.bf16;
+}
+
+void run_batch(const Proj& pj, const MatmulJob* jobs, int64_t n) {
   if (pj.stats == nullptr) {
     matmul_batch(jobs, n);
   } else {
