@@ -458,8 +458,9 @@ auto olat_kernel(const bf16* const*) {
   return HWY_DYNAMIC_DISPATCH(OLatColumnsBf16);
 }
 
-// body(h, c0, c1) for every head and block [c0, c1) of q_lat columns, one task each (each
-// W_UK[h] column block is read once for all n query rows).
+// body(h, c0, c1) for every head and block [c0, c1) of q_lat columns, the (head, block) items
+// claimed by the threads in contiguous ranges (each W_UK[h] column block is read once for all n
+// query rows).
 template <typename Body>
 void for_q_lat_blocks(const MlaDims& d, int64_t n, const Body& body) {
   const int64_t bw = HWY_DYNAMIC_DISPATCH(QLatBlockWidth)(), nb = (d.r + bw - 1) / bw;

@@ -1,9 +1,9 @@
 // Dispatched row kernels against their scalar twins, on every Highway target this CPU supports:
 // rms_norm / l2_norm / gated_rms_norm (norm_hwy.cpp), route_sigmoid_topk (router_hwy.cpp),
 // causal_conv1d_silu / kda_gate (conv_gate_hwy.cpp), silu_mul (silu_hwy.cpp) and moe_combine
-// (moe_combine_hwy.cpp). Lengths on and
-// off every vector width, bf16 output, aliasing, saturated and special inputs, inputs whose
-// sums are exact (where the fast path must then be bitwise the twin), and 1 vs 2 threads.
+// (moe_combine_hwy.cpp). Lengths on and off every vector width, bf16 output, aliasing, saturated
+// and special inputs, inputs whose sums are exact (where the fast path must then be bitwise the
+// twin), and 1 vs 2 threads.
 //
 // Tolerances are ulp distances (adjacent floats are 1 apart; +0 and -0 are 0 apart), derived
 // from the documented error of Highway's Exp (<= 1 ulp) and Log1p (<= 2 ulp) against glibc's
