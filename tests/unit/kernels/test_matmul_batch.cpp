@@ -299,6 +299,71 @@ TEST(MatmulBatch, RoundedOutputsEqualRoundedBits) {
   set_parallel_threads(saved);
 }
 
+// The same for jobs with bf16 tokens (xh), which run the vdpbf16ps tiles where the CPU has
+// AVX512_BF16: row-major BF16 and MXFP4 weights at token counts that take every tile shape and
+// its stores (the register-decode MXFP4 tiles below 11 tokens, the decoded rows from 11), an odd
+// last MXFP4 block, row counts off the tiles, strided outputs, and a NaN token (its outputs NaN).
+TEST(MatmulBatch, RoundedBf16TokenOutputsEqualRoundedBits) {
+  const int saved = parallel_threads();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), sc(110, 140);
+  constexpr int64_t Kd = 96, Nd = 37, Kq = 352, Nq = 45, ld = 50, Tmax = 16;
+  std::vector<bf16> wd(Nd * Kd), xh(Tmax * Kq);
+  for (bf16& v : wd) v = f32_to_bf16(nd(rng));
+  for (bf16& v : xh) v = f32_to_bf16(nd(rng));
+  xh[5 * Kq + 3] = f32_to_bf16(std::nanf(""));
+  std::vector<float> x(xh.size());
+  for (size_t i = 0; i < xh.size(); ++i) x[i] = bf16_to_f32(xh[i]);
+  std::vector<uint8_t> packed(Nq * Kq / 2), scale(Nq * Kq / kMxfp4BlockSize);
+  for (uint8_t& b : packed) b = static_cast<uint8_t>(byte(rng));
+  for (uint8_t& b : scale) b = static_cast<uint8_t>(sc(rng));
+  const TensorView vd = view(DType::kBF16, Nd, Kd, wd.data());
+  for_each_target([&] {
+    for (int threads : {1, 2}) {
+      set_parallel_threads(threads);
+      for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 16}) {
+        std::vector<float> plain(2 * T * ld, -3.0f), rounded(2 * T * ld, -3.0f);
+        const auto jobs = [&](std::vector<float>& y) {
+          MatmulJob d = dense_job(x.data(), T, vd, y.data());
+          MatmulJob q =
+              mxfp4_job(x.data(), T, packed.data(), scale.data(), Nq, Kq, y.data() + T * ld);
+          d.ldy = q.ldy = ld;
+          return std::vector<MatmulJob>{d, q};
+        };
+        // The dense job's tokens: the first Kd values of each token, as rows of Kd.
+        std::vector<bf16> xd(T * Kd);
+        std::vector<float> xdf(T * Kd);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t k = 0; k < Kd; ++k) {
+            xd[t * Kd + k] = xh[t * Kq + k];
+            xdf[t * Kd + k] = x[t * Kq + k];
+          }
+        std::vector<MatmulJob> pj = jobs(plain), rj = jobs(rounded);
+        for (std::vector<MatmulJob>* js : {&pj, &rj}) {
+          (*js)[0].x = xdf.data();
+          (*js)[0].xh = xd.data();
+          (*js)[1].xh = xh.data();
+        }
+        for (MatmulJob& j : rj) j.round_bf16 = true;
+        matmul_batch(pj.data(), 2);
+        matmul_batch(rj.data(), 2);
+        for (size_t i = 0; i < plain.size(); ++i) {
+          const int64_t c = static_cast<int64_t>(i) % ld;
+          const int64_t n = static_cast<int64_t>(i) < T * ld ? Nd : Nq;
+          const float want = c < n ? round_bf16(plain[i]) : -3.0f;
+          ASSERT_EQ(std::bit_cast<uint32_t>(rounded[i]), std::bit_cast<uint32_t>(want))
+              << threads << " threads, T " << T << " at " << i;
+        }
+        if (T > 5) {
+          EXPECT_TRUE(std::isnan(plain[5 * ld])) << T;  // the NaN token's dense row 0
+        }
+      }
+    }
+  });
+  set_parallel_threads(saved);
+}
+
 // A BF16-weight job given its input as bf16 (xh) computes what matmul_bf16 computes, bitwise,
 // for any thread count and batch grouping; jobs of other kinds ignore xh.
 TEST(MatmulBatch, Bf16InputJobsEqualMatmulBf16) {
