@@ -19,19 +19,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/activation.h"
-#include "util/numeric.h"
+#include "kernels/rowops_hwy-inl.h"
 #include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attnres {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
 
 HWY_INLINE VF SituVec(DF d, VF g, VF u, VF b, VF bl, VF two_over_b, VF two_over_bl) {
   const VF one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f);
@@ -55,26 +51,24 @@ HWY_INLINE VF SituVec(DF d, VF g, VF u, VF b, VF bl, VF two_over_b, VF two_over_
   return hn::IfThenElse(hn::Or(hn::IsNaN(g), hn::IsNaN(u)), hn::Add(g, u), y);
 }
 
-// out[i] = SiTU(gate[i], up[i]) for i < n; out may alias gate or up (each vector is loaded
-// before it is stored).
+// out[i] = SiTU(gate[i], up[i]) for i < n, rounded in the vector as round_bf16 with bf16_out;
+// out may alias gate or up (each vector is loaded before it is stored).
 void SituSpan(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
-              float* out) {
+              bool bf16_out, float* out) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF b = hn::Set(d, beta), bl = hn::Set(d, linear_beta);
   const VF tb = hn::Set(d, 2.0f / beta), tbl = hn::Set(d, 2.0f / linear_beta);
+  auto f = [&](VF g, VF u) {
+    const VF v = SituVec(d, g, u, b, bl, tb, tbl);
+    return bf16_out ? CastT<bf16>(d, v) : v;
+  };
   int64_t i = 0;
   for (; i + L <= n; i += L)
-    hn::StoreU(SituVec(d, hn::LoadU(d, gate + i), hn::LoadU(d, up + i), b, bl, tb, tbl), d,
-               out + i);
+    hn::StoreU(f(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
   if (i < n) {
-    HWY_ALIGN float g[hn::MaxLanes(DF())] = {};
-    HWY_ALIGN float u[hn::MaxLanes(DF())] = {};
     const size_t rest = static_cast<size_t>(n - i);
-    std::memcpy(g, gate + i, rest * sizeof(float));
-    std::memcpy(u, up + i, rest * sizeof(float));
-    hn::Store(SituVec(d, hn::Load(d, g), hn::Load(d, u), b, bl, tb, tbl), d, g);
-    std::memcpy(out + i, g, rest * sizeof(float));
+    StoreTail(d, f(LoadTail(d, gate + i, rest), LoadTail(d, up + i, rest)), out + i, rest);
   }
 }
 
@@ -100,9 +94,7 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
   parallel_ranges(blocks, n >= kParallelMinElements, [&](int64_t blk_begin, int64_t blk_end) {
     for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
       const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
-      HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, out + i0);
-      if (bf16_out)
-        for (int64_t i = i0; i < i0 + m; ++i) out[i] = round_bf16(out[i]);
+      HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, bf16_out, out + i0);
     }
   });
 }
