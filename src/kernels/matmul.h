@@ -64,7 +64,9 @@ struct MatmulJob {
   // value (bf16_exact_copy). Then BF16 and MXFP4 jobs run on vdpbf16ps where the CPU has
   // AVX512_BF16 (BF16: matmul_bf16's arithmetic; MXFP4: the block decoded to exact bf16
   // weights; the same exact products as with f32 x, another fixed summation order, subnormal
-  // inputs flushed); elsewhere, and for F32 weights, x is used as usual.
+  // inputs flushed); elsewhere, and for F32 weights, x is used as usual. Where
+  // matmul_bf16_uses_dot_product(), a BF16 or MXFP4 job with xh reads xh alone, and x may be
+  // null (a caller that has its tokens only as bf16).
   const bf16* xh = nullptr;
   int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;

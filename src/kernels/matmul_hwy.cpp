@@ -1377,6 +1377,12 @@ MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint
 
 void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) {
   if (n_jobs <= 0) return;
+#ifndef NDEBUG
+  for (int64_t i = 0; i < n_jobs; ++i)  // x may be null only where xh alone is read (MatmulJob)
+    assert(jobs[i].x != nullptr || jobs[i].T <= 0 ||
+           (jobs[i].xh != nullptr && jobs[i].kind != WeightKind::kF32 &&
+            matmul_bf16_uses_dot_product()));
+#endif
   HWY_DYNAMIC_DISPATCH(MatmulBatch)(jobs, n_jobs);
 }
 

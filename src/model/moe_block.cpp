@@ -15,6 +15,7 @@
 // its output rows of the latent up projection and adds the shared experts' rows; the sum is
 // gathered: 4 gathers per layer. The dense MLP: gate/up rows, gathered, down rows, gathered.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "kernels/moe_combine.h"
@@ -56,6 +57,15 @@ struct ExpertShare {
   Range r;    // rows of w2 (latent or model dimension): its columns of y
 };
 
+// Whether every routed expert's w1 and w3 run on bf16 tokens alone (MatmulJob::xh without x) in
+// the vdpbf16ps flow: MXFP4 or BF16 weights (F32 weights read f32 tokens).
+bool experts_read_bf16(const MoeWeights& w) {
+  return std::all_of(w.experts.begin(), w.experts.end(), [](const ExpertWeights& e) {
+    return (e.w1.mxfp4 || e.w1.dense.dtype == DType::kBF16) &&
+           (e.w3.mxfp4 || e.w3.dense.dtype == DType::kBF16);
+  });
+}
+
 // y [T, r] += sum over each token's chosen experts of weight * expert(z), f32, in slices of
 // kMoeTokenSlice tokens; within a slice the (token, choice) pairs are grouped by expert so
 // each chosen expert's matrices are read once, and summed back in that (expert index) order.
@@ -72,8 +82,14 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   int64_t* slot_of = arena.take<int64_t>(S * K);  // grouped position -> flat (t * K + s)
   int64_t* pos_of = arena.take<int64_t>(S * K);   // flat - base -> grouped position
   float* zg = arena.take<float>(S * K * r);       // [S*K, r] gathered inputs, grouped by expert
-  float* h1 = arena.take<float>(S * K * Il);      // [S*K, I] (this rank's I)
-  float* h3 = arena.take<float>(S * K * Il);      // [S*K, I]
+  // In the vdpbf16ps flow the inputs are gathered as bf16 (zgh) when every routed expert reads
+  // bf16 tokens alone: half the bytes of the f32 gather, and no bf16 copy of them before w1/w3.
+  // The copy checks that each row is bf16 values (the latents are rounded projection outputs);
+  // a slice with a row that is not takes the f32 gather, and project_batch's checked copy.
+  const bool gather_bf16 = pj.dot && experts_read_bf16(w);
+  bf16* zgh = gather_bf16 ? arena.take<bf16>(S * K * r) : nullptr;
+  float* h1 = arena.take<float>(S * K * Il);                       // [S*K, I] (this rank's I)
+  float* h3 = arena.take<float>(S * K * Il);                       // [S*K, I]
   float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
   float* eo = arena.take<float>(S * K * rl);                       // [S*K, r] (this rank's r)
   float* wg = arena.take<float>(S * K);  // [S, K] combine weights in each token's slot order
@@ -90,10 +106,22 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
       pos_of[i] = fill[ids[base + i]]++;
       slot_of[pos_of[i]] = base + i;
     }
-    parallel_ranges(ts * K, ts * K * r > kParallelMinWork, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        std::memcpy(zg + g * r, z + slot_of[g] / K * r, sizeof(float) * static_cast<size_t>(r));
-    });
+    bool bf16_rows = gather_bf16;
+    if (bf16_rows) {
+      std::atomic<bool> exact{true};
+      parallel_ranges(ts * K, ts * K * r > kParallelMinWork, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g)
+          if (!bf16_exact_copy(z + slot_of[g] / K * r, r, zgh + g * r))
+            exact.store(false, std::memory_order_relaxed);
+      });
+      bf16_rows = exact.load();
+    }
+    if (!bf16_rows) {
+      parallel_ranges(ts * K, ts * K * r > kParallelMinWork, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g)
+          std::memcpy(zg + g * r, z + slot_of[g] / K * r, sizeof(float) * static_cast<size_t>(r));
+      });
+    }
     // w1 and w3 of every chosen expert in one batch, then w2 of every chosen expert.
     int64_t nj = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -102,6 +130,11 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
       const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
       jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * Il);
       jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * Il);
+      if (bf16_rows)
+        for (MatmulJob* j : {&jobs[nj - 2], &jobs[nj - 1]}) {
+          j->x = nullptr;
+          j->xh = zgh + begin * r;
+        }
     }
     project_batch(pj, jobs, nj);
     gated_activation(c, h1, h3, ts * K * Il, pj.bf16, h1);
