@@ -216,7 +216,10 @@ void gated_activation(benchmark::State& state, uint32_t seed, float up_sd, const
 void BM_RowsSiluMul(benchmark::State& state) {
   gated_activation(state, 17, 1.0f,
                    [](bool fast, const float* g, const float* u, int64_t n, float* out) {
-                     (fast ? silu_mul : silu_mul_ref)(g, u, n, false, out);
+                     if (fast)
+                       silu_mul(g, u, n, false, out);
+                     else
+                       silu_mul_ref(g, u, n, false, out);
                    });
 }
 
@@ -224,7 +227,10 @@ void BM_RowsSiluMul(benchmark::State& state) {
 void BM_RowsSitu(benchmark::State& state) {
   gated_activation(state, 20, 10.0f,
                    [](bool fast, const float* g, const float* u, int64_t n, float* out) {
-                     (fast ? situ : situ_ref)(g, u, n, 4.0f, 25.0f, false, out);
+                     if (fast)
+                       situ(g, u, n, 4.0f, 25.0f, false, out);
+                     else
+                       situ_ref(g, u, n, 4.0f, 25.0f, false, out);
                    });
 }
 

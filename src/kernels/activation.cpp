@@ -12,6 +12,15 @@ void situ_ref(const float* gate, const float* up, int64_t n, float beta, float l
   }
 }
 
+void situ_ref(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              bf16* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(situf(gate[i], up[i], beta, linear_beta));
+}
+
+void silu_mul_ref(const float* gate, const float* up, int64_t n, bf16* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(siluf(gate[i]) * up[i]);
+}
+
 void silu_mul_ref(const float* gate, const float* up, int64_t n, bool bf16_out, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = siluf(gate[i]) * up[i];

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "util/numeric.h"
+
 namespace attnres {
 
 inline float sigmoidf(float x) {
@@ -29,11 +31,19 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
           bool bf16_out, float* out);
 void situ_ref(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
               bool bf16_out, float* out);
+// The bf16 result stored as bf16 (a matmul job's bf16 tokens): out[i] = f32_to_bf16 of what
+// situ(..., bf16_out = true, ...) gives; out must not overlap the inputs.
+void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta, bf16* out);
+void situ_ref(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              bf16* out);
 // out[i] = SiLU(gate[i]) * up[i] (Kimi-Linear's activation); out may alias either input; with
 // `bf16_out` the product is rounded to bf16. silu_mul() is the dispatched SIMD kernel
 // (silu_hwy.cpp: Highway Exp, <= 1 ulp; position- and thread-count-independent); silu_mul_ref()
 // is its scalar twin, siluf(gate) * up element by element.
 void silu_mul(const float* gate, const float* up, int64_t n, bool bf16_out, float* out);
 void silu_mul_ref(const float* gate, const float* up, int64_t n, bool bf16_out, float* out);
+// The bf16 result stored as bf16, as situ's bf16 overload.
+void silu_mul(const float* gate, const float* up, int64_t n, bf16* out);
+void silu_mul_ref(const float* gate, const float* up, int64_t n, bf16* out);
 
 }  // namespace attnres

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activation.h"
 #include "kernels/rowops_hwy-inl.h"
@@ -51,25 +52,33 @@ HWY_INLINE VF SituVec(DF d, VF g, VF u, VF b, VF bl, VF two_over_b, VF two_over_
   return hn::IfThenElse(hn::Or(hn::IsNaN(g), hn::IsNaN(u)), hn::Add(g, u), y);
 }
 
-// out[i] = SiTU(gate[i], up[i]) for i < n, rounded in the vector as round_bf16 with bf16_out;
-// out may alias gate or up (each vector is loaded before it is stored).
-void SituSpan(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
-              bool bf16_out, float* out) {
+// out[i] = SiTU(gate[i], up[i]) for i < n, rounded in the vector as round_bf16 with bf16_out
+// (always for bf16 out); f32 out may alias gate or up (each vector is loaded before it is stored).
+template <typename T>
+HWY_INLINE void SituSpanT(const float* gate, const float* up, int64_t n, float beta,
+                          float linear_beta, bool bf16_out, T* out) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF b = hn::Set(d, beta), bl = hn::Set(d, linear_beta);
   const VF tb = hn::Set(d, 2.0f / beta), tbl = hn::Set(d, 2.0f / linear_beta);
   auto f = [&](VF g, VF u) {
     const VF v = SituVec(d, g, u, b, bl, tb, tbl);
-    return bf16_out ? CastT<bf16>(d, v) : v;
+    return bf16_out || std::is_same_v<T, bf16> ? CastT<bf16>(d, v) : v;
   };
   int64_t i = 0;
-  for (; i + L <= n; i += L)
-    hn::StoreU(f(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
+  for (; i + L <= n; i += L) StoreT(d, f(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), out + i);
   if (i < n) {
     const size_t rest = static_cast<size_t>(n - i);
     StoreTail(d, f(LoadTail(d, gate + i, rest), LoadTail(d, up + i, rest)), out + i, rest);
   }
+}
+void SituSpan(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              bool bf16_out, float* out) {
+  SituSpanT(gate, up, n, beta, linear_beta, bf16_out, out);
+}
+void SituSpanBf16(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+                  bf16* out) {
+  SituSpanT(gate, up, n, beta, linear_beta, true, out);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -80,9 +89,13 @@ HWY_AFTER_NAMESPACE();
 namespace attnres {
 
 HWY_EXPORT(SituSpan);
+HWY_EXPORT(SituSpanBf16);
 
-void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
-          bool bf16_out, float* out) {
+namespace {
+
+// span(i0, m) over [0, n) in blocks of m elements.
+template <typename Span>
+void situ_blocks(int64_t n, const Span& span) {
   // Blocks of a fixed size (a multiple of every vector width), so the split over threads never
   // changes which elements share a vector. SiTU costs ~2 ns an element on one core (two tanh,
   // an exponential, a division; BM_RowsSitu), so a decode step's routed experts (8 x 512
@@ -94,8 +107,23 @@ void situ(const float* gate, const float* up, int64_t n, float beta, float linea
   parallel_ranges(blocks, n >= kParallelMinElements, [&](int64_t blk_begin, int64_t blk_end) {
     for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
       const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
-      HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, bf16_out, out + i0);
+      span(i0, m);
     }
+  });
+}
+
+}  // namespace
+
+void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+          bool bf16_out, float* out) {
+  situ_blocks(n, [&](int64_t i0, int64_t m) {
+    HWY_DYNAMIC_DISPATCH(SituSpan)(gate + i0, up + i0, m, beta, linear_beta, bf16_out, out + i0);
+  });
+}
+
+void situ(const float* gate, const float* up, int64_t n, float beta, float linear_beta, bf16* out) {
+  situ_blocks(n, [&](int64_t i0, int64_t m) {
+    HWY_DYNAMIC_DISPATCH(SituSpanBf16)(gate + i0, up + i0, m, beta, linear_beta, out + i0);
   });
 }
 

@@ -72,11 +72,17 @@ HWY_INLINE VF LoadTail(DF d, const bf16* p, size_t n) {
   std::memcpy(buf, p, n * sizeof(bf16));
   return LoadF(d, buf);
 }
-// The first n < Lanes(d) lanes of v to p; writes nothing past p + n.
+// The first n < Lanes(d) lanes of v to p; writes nothing past p + n. To bf16: v already cast by
+// CastT<bf16>.
 HWY_INLINE void StoreTail(DF d, VF v, float* p, size_t n) {
   HWY_ALIGN float buf[hn::MaxLanes(DF())];
   hn::Store(v, d, buf);
   std::memcpy(p, buf, n * sizeof(float));
+}
+HWY_INLINE void StoreTail(DF d, VF v, bf16* p, size_t n) {
+  bf16 buf[hn::MaxLanes(DF())];
+  StoreT(d, v, buf);
+  std::memcpy(p, buf, n * sizeof(bf16));
 }
 
 // sum(x[i]^2) over n values in a fixed order that depends only on n and the target: four

@@ -57,12 +57,12 @@ struct ExpertShare {
   Range r;    // rows of w2 (latent or model dimension): its columns of y
 };
 
-// Whether every routed expert's w1 and w3 run on bf16 tokens alone (MatmulJob::xh without x) in
-// the vdpbf16ps flow: MXFP4 or BF16 weights (F32 weights read f32 tokens).
-bool experts_read_bf16(const MoeWeights& w) {
-  return std::all_of(w.experts.begin(), w.experts.end(), [](const ExpertWeights& e) {
-    return (e.w1.mxfp4 || e.w1.dense.dtype == DType::kBF16) &&
-           (e.w3.mxfp4 || e.w3.dense.dtype == DType::kBF16);
+// Whether the given matrix of every routed expert runs on bf16 tokens alone (MatmulJob::xh
+// without x) in the vdpbf16ps flow: MXFP4 or BF16 weights (F32 weights read f32 tokens).
+bool experts_read_bf16(const MoeWeights& w, ExpertMatrix ExpertWeights::*m) {
+  return std::all_of(w.experts.begin(), w.experts.end(), [m](const ExpertWeights& e) {
+    const ExpertMatrix& x = e.*m;
+    return x.mxfp4 || x.dense.dtype == DType::kBF16;
   });
 }
 
@@ -86,8 +86,13 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   // bf16 tokens alone: half the bytes of the f32 gather, and no bf16 copy of them before w1/w3.
   // The copy checks that each row is bf16 values (the latents are rounded projection outputs);
   // a slice with a row that is not takes the f32 gather, and project_batch's checked copy.
-  const bool gather_bf16 = pj.dot && experts_read_bf16(w);
+  const bool gather_bf16 = pj.dot && experts_read_bf16(w, &ExpertWeights::w1) &&
+                           experts_read_bf16(w, &ExpertWeights::w3);
   bf16* zgh = gather_bf16 ? arena.take<bf16>(S * K * r) : nullptr;
+  // Likewise w2's input: the activation stored as bf16 (hh), unless it is gathered from every
+  // rank first (sharded: hall, f32).
+  const bool mid_bf16 = pj.dot && !tp.sharded() && experts_read_bf16(w, &ExpertWeights::w2);
+  bf16* hh = mid_bf16 ? arena.take<bf16>(S * K * I) : nullptr;
   float* h1 = arena.take<float>(S * K * Il);                       // [S*K, I] (this rank's I)
   float* h3 = arena.take<float>(S * K * Il);                       // [S*K, I]
   float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
@@ -137,7 +142,10 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
         }
     }
     project_batch(pj, jobs, nj);
-    gated_activation(c, h1, h3, ts * K * Il, pj.bf16, h1);
+    if (mid_bf16)
+      gated_activation(c, h1, h3, ts * K * Il, hh);
+    else
+      gated_activation(c, h1, h3, ts * K * Il, pj.bf16, h1);
     if (tp.sharded()) {
       const GatherPart hp = part_from(h1, hall, ts * K, I, 1, pj.bf16);
       if (!extra_sent)
@@ -151,9 +159,13 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
     nj = 0;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t begin = count[e], n = count[e + 1] - begin;
-      if (n > 0)
-        jobs[nj++] =
-            expert_job(hall + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * rl);
+      if (n == 0) continue;
+      jobs[nj++] =
+          expert_job(hall + begin * I, n, w.experts[static_cast<size_t>(e)].w2, eo + begin * rl);
+      if (mid_bf16) {
+        jobs[nj - 1].x = nullptr;
+        jobs[nj - 1].xh = hh + begin * I;
+      }
     }
     project_batch(pj, jobs, nj);
     // Each token's weighted expert outputs, added in grouped (expert index) order: its grouped

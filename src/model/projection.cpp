@@ -179,4 +179,12 @@ void gated_activation(const ModelConfig& c, const float* gate, const float* up, 
     silu_mul(gate, up, n, bf16_out, out);
 }
 
+void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
+                      bf16* out) {
+  if (c.hidden_act == Activation::kSitu)
+    situ(gate, up, n, c.situ_beta, c.situ_linear_beta, out);
+  else
+    silu_mul(gate, up, n, out);
+}
+
 }  // namespace attnres

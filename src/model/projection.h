@@ -51,6 +51,9 @@ const float* widen(const TensorView& t, Arena& arena);
 // out = act(gate, up) elementwise (SiTU or SiLU per the config), rounded to bf16 when asked.
 void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
                       bool bf16_out, float* out);
+// The same rounded to bf16 and stored as bf16 (a projection's bf16 tokens).
+void gated_activation(const ModelConfig& c, const float* gate, const float* up, int64_t n,
+                      bf16* out);
 
 }  // namespace attnres
 

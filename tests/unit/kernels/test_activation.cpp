@@ -61,6 +61,16 @@ TEST(Situ, MatchesScalarTwinOnEveryTarget) {
       situ(g.data(), u.data(), n, kBeta, kLinearBeta, true, yb.data());
       for (size_t i = 0; i < y.size(); ++i)
         ASSERT_EQ(std::bit_cast<uint32_t>(yb[i]), std::bit_cast<uint32_t>(round_bf16(y[i]))) << i;
+      // Stored as bf16: those values' bits, and the twin's likewise.
+      std::vector<bf16> h(g.size()), refh(g.size());
+      std::vector<float> refb(g.size());
+      situ(g.data(), u.data(), n, kBeta, kLinearBeta, h.data());
+      situ_ref(g.data(), u.data(), n, kBeta, kLinearBeta, refh.data());
+      situ_ref(g.data(), u.data(), n, kBeta, kLinearBeta, true, refb.data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(h[i].bits, f32_to_bf16(yb[i]).bits) << i;
+        ASSERT_EQ(refh[i].bits, f32_to_bf16(refb[i]).bits) << i;
+      }
     }
   });
 }
@@ -98,12 +108,17 @@ TEST(Situ, InfiniteAndNanInputs) {
       EXPECT_TRUE(std::isnan(ref[i])) << "i=" << i;
       EXPECT_TRUE(std::isnan(y[i])) << "i=" << i;
     }
-    // bf16 output: the f32 results rounded, NaNs quieted as round_bf16 does.
+    // bf16 output (in f32 and stored as bf16): the f32 results rounded, NaNs quieted as
+    // round_bf16 does.
     std::vector<float> yb(g.size());
     situ(g.data(), u.data(), n, kBeta, kLinearBeta, true, yb.data());
-    for (int64_t i = 0; i < n; ++i)
+    std::vector<bf16> h(g.size());
+    situ(g.data(), u.data(), n, kBeta, kLinearBeta, h.data());
+    for (int64_t i = 0; i < n; ++i) {
       EXPECT_EQ(std::bit_cast<uint32_t>(yb[i]), std::bit_cast<uint32_t>(round_bf16(y[i])))
           << "i=" << i;
+      EXPECT_EQ(h[i].bits, f32_to_bf16(yb[i]).bits) << "i=" << i;
+    }
   });
 }
 

@@ -532,6 +532,14 @@ TEST(SiluMulFast, MatchesTwin) {
       silu_mul_ref(g.data(), u.data(), n, true, refb.data());
       for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(yb[i], round_bf16(y[i])) << i;
       expect_ulps(yb, refb, kBf16Ulp);
+      // Stored as bf16: those values' bits, and the twin's likewise.
+      std::vector<bf16> h(g.size()), refh(g.size());
+      silu_mul(g.data(), u.data(), n, h.data());
+      silu_mul_ref(g.data(), u.data(), n, refh.data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(h[i].bits, f32_to_bf16(yb[i]).bits) << i;
+        ASSERT_EQ(refh[i].bits, f32_to_bf16(refb[i]).bits) << i;
+      }
       std::vector<float> over_gate = g, over_up = u;
       silu_mul(over_gate.data(), u.data(), n, false, over_gate.data());
       silu_mul(g.data(), over_up.data(), n, false, over_up.data());
