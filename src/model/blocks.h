@@ -26,17 +26,21 @@
 
 namespace attnres {
 
+// Each block reads x [T, d] (xh: the same values as bf16, or null) and writes out [T, d], which
+// may alias x.
 void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
-               const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out);
+               const float* x, const bf16* xh, int64_t T, const ForwardOptions& opt, Arena& arena,
+               float* out);
 
 void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments segments,
-               const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out);
+               const float* x, const bf16* xh, int64_t T, const ForwardOptions& opt, Arena& arena,
+               float* out);
 
-void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, const bf16* xh, int64_t T,
                const ForwardOptions& opt, Arena& arena, float* out);
 
-void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
-                     const ForwardOptions& opt, Arena& arena, float* out);
+void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, const bf16* xh,
+                     int64_t T, const ForwardOptions& opt, Arena& arena, float* out);
 
 // y [T, N] = x [T, K] W^T as a linear layer of the flow `opt` (the blocks' projections): in the
 // bf16 flow the output is rounded to bf16, and a BF16 W runs on bf16 dot products when the input

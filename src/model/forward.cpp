@@ -5,23 +5,23 @@
 
 namespace attnres {
 
-void ModelSublayers::attention(int layer, const float* in, float* out) {
+void ModelSublayers::attention(int layer, const float* in, const bf16* in_h, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[static_cast<size_t>(layer)];
   if (lw.kda) {
-    kda_block(c, *lw.kda, layer, segments_, in, T_, opt_, arena_, out);
+    kda_block(c, *lw.kda, layer, segments_, in, in_h, T_, opt_, arena_, out);
   } else {
-    mla_block(c, *lw.mla, layer, segments_, in, T_, opt_, arena_, out);
+    mla_block(c, *lw.mla, layer, segments_, in, in_h, T_, opt_, arena_, out);
   }
 }
 
-void ModelSublayers::mlp(int layer, const float* in, float* out) {
+void ModelSublayers::mlp(int layer, const float* in, const bf16* in_h, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[static_cast<size_t>(layer)];
   if (lw.moe) {
-    moe_block(c, *lw.moe, in, T_, opt_, arena_, out);
+    moe_block(c, *lw.moe, in, in_h, T_, opt_, arena_, out);
   } else {
-    dense_mlp_block(c, *lw.dense, in, T_, opt_, arena_, out);
+    dense_mlp_block(c, *lw.dense, in, in_h, T_, opt_, arena_, out);
   }
 }
 

@@ -19,16 +19,18 @@ namespace attnres {
 
 // The model's sublayers over f32 activations of one step: T rows split into `segments`
 // (model/batch.h). Inputs are already normalised (input_layernorm / post_attention_layernorm
-// applied by the caller, as the executor's fused AttnRes step does); `out` [T, d] may alias `in`.
+// applied by the caller, as the executor's fused AttnRes step does); `out` [T, d] may alias `in`;
+// `in_h`: the same values as `in` in bf16 when the caller holds them (else null), which the
+// projections then read instead of a copy of `in`.
 class ModelSublayers {
  public:
   ModelSublayers(const ModelWeights& weights, Segments segments, const ForwardOptions& opt,
                  Arena& arena, int64_t T)
       : w_(weights), segments_(segments), opt_(opt), arena_(arena), T_(T) {}
   // out = self_attn(in) of layer `layer` (KDA or MLA; each segment's state absorbs its rows).
-  void attention(int layer, const float* in, float* out);
+  void attention(int layer, const float* in, const bf16* in_h, float* out);
   // out = mlp(in) (dense SiTU MLP or latent MoE).
-  void mlp(int layer, const float* in, float* out);
+  void mlp(int layer, const float* in, const bf16* in_h, float* out);
   int64_t tokens() const { return T_; }
   const ModelWeights& weights() const { return w_; }
   const ForwardOptions& options() const { return opt_; }

@@ -120,8 +120,9 @@ void delta_rule(const ModelConfig& c, int layer, Segments segments, const KdaSha
 }  // namespace
 
 void kda_block(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
-               const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
-  const Proj pj = make_proj(opt, arena);
+               const float* x, const bf16* xh, int64_t T, const ForwardOptions& opt, Arena& arena,
+               float* out) {
+  const Proj pj = make_proj(opt, arena, x, xh);
   const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
   const int64_t Hall = c.linear.num_heads, dk = c.linear.head_dim, dv = dk, d = c.hidden_size;

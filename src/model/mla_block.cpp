@@ -195,8 +195,9 @@ void attend_decode_rows(const MlaWeights& w, const MlaDims& md, int layer, Segme
 }  // namespace
 
 void mla_block(const ModelConfig& c, const MlaWeights& w, int layer, Segments segments,
-               const float* x, int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
-  const Proj pj = make_proj(opt, arena);
+               const float* x, const bf16* xh, int64_t T, const ForwardOptions& opt, Arena& arena,
+               float* out) {
+  const Proj pj = make_proj(opt, arena, x, xh);
   const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
   const MlaDims md = mla_dims(c, tp);

@@ -185,9 +185,9 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
 
 }  // namespace
 
-void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t T,
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* x, const bf16* xh, int64_t T,
                const ForwardOptions& opt, Arena& arena, float* out) {
-  const Proj pj = make_proj(opt, arena);
+  const Proj pj = make_proj(opt, arena, x, xh);
   const TpStep tp = tp_step(opt);
   const bool bf16 = opt.bf16();
   const MoeDims m = moe_dims(c, w);
@@ -290,9 +290,9 @@ void linear(const ForwardOptions& opt, Arena& arena, const float* x, int64_t T, 
   project(make_proj(opt, arena), x, T, W, y);
 }
 
-void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, int64_t T,
-                     const ForwardOptions& opt, Arena& arena, float* out) {
-  const Proj pj = make_proj(opt, arena);
+void dense_mlp_block(const ModelConfig& c, const DenseMlpWeights& w, const float* x, const bf16* xh,
+                     int64_t T, const ForwardOptions& opt, Arena& arena, float* out) {
+  const Proj pj = make_proj(opt, arena, x, xh);
   const TpStep tp = tp_step(opt);
   const int64_t Il = w.gate.shape[0], I = c.intermediate_size, d = c.hidden_size;
   float* g = arena.take<float>(T * Il);                     // [T, I] (this rank's)

@@ -42,12 +42,12 @@ Status ExecutorRunner::run_sublayer(const ActView& in, const ActView& out, Fn fn
                                             std::to_string(sub_.tokens()));
   }
   if (in.dtype == ActDType::kF32) {
-    fn(in.f32_data(), out.f32_data());  // sublayers are exact when out aliases in
+    fn(in.f32_data(), nullptr, out.f32_data());  // sublayers are exact when out aliases in
     return Status::ok();
   }
   float* x = arena.take<float>(in.numel());  // [T, d]
   widen_rows(in, x);
-  fn(x, x);
+  fn(x, in.bf16_data(), x);  // in's storage is not written before narrow_rows
   narrow_rows(x, out);
   return Status::ok();
 }
@@ -65,11 +65,13 @@ Status ExecutorRunner::embed(std::span<const int32_t> tokens, const ActView& out
 }
 
 Status ExecutorRunner::attention(int layer, const ActView& in, const ActView& out) {
-  return run_sublayer(in, out, [&](const float* x, float* y) { sub_.attention(layer, x, y); });
+  return run_sublayer(
+      in, out, [&](const float* x, const bf16* xh, float* y) { sub_.attention(layer, x, xh, y); });
 }
 
 Status ExecutorRunner::mlp(int layer, const ActView& in, const ActView& out) {
-  return run_sublayer(in, out, [&](const float* x, float* y) { sub_.mlp(layer, x, y); });
+  return run_sublayer(in, out,
+                      [&](const float* x, const bf16* xh, float* y) { sub_.mlp(layer, x, xh, y); });
 }
 
 Result<std::unique_ptr<PlannedForward>> PlannedForward::create(const ModelWeights& w,

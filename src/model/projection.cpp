@@ -11,17 +11,18 @@
 
 namespace attnres {
 
-Proj make_proj(const ForwardOptions& opt, Arena& arena) {
-  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product(),
-              opt.projection_stats};
+Proj make_proj(const ForwardOptions& opt, Arena& arena, const float* input, const bf16* input_h) {
+  return Proj{arena, opt.bf16(), opt.bf16() && matmul_bf16_uses_dot_product(), opt.projection_stats,
+              input, input_h};
 }
 
 namespace {
 
-// Sets xh on the BF16 and MXFP4 jobs: one exact bf16 copy per run of adjacent jobs with the same
-// input (the blocks put the jobs that share an input next to each other), the copies made in
-// parallel in chunks of kCopyChunk elements. A copy is attached only where every value of the
-// input was exact (bf16_exact_copy), whichever threads copied its chunks.
+// Sets xh on the BF16 and MXFP4 jobs: the block input's bf16 values where the job reads the block
+// input and the caller has them (Proj::input_h), else one exact bf16 copy per run of adjacent
+// jobs with the same input (the blocks put the jobs that share an input next to each other), the
+// copies made in parallel in chunks of kCopyChunk elements. A copy is attached only where every
+// value of the input was exact (bf16_exact_copy), whichever threads copied its chunks.
 constexpr int64_t kCopyChunk = int64_t{1} << 14;
 
 void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
@@ -34,9 +35,13 @@ void attach_bf16_inputs(const Proj& pj, MatmulJob* jobs, int64_t n) {
   int64_t* copy_of = pj.arena.take<int64_t>(n);  // job -> its copy, -1: none
   int64_t nc = 0, chunks = 0, elements = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const MatmulJob& j = jobs[i];
+    MatmulJob& j = jobs[i];
     copy_of[i] = -1;
     if (j.kind == WeightKind::kF32 || j.T <= 0 || j.xh != nullptr) continue;
+    if (j.x == pj.input && pj.input_h != nullptr) {
+      j.xh = pj.input_h;
+      continue;
+    }
     if (nc > 0) {
       const MatmulJob& p = jobs[copies[nc - 1].job];
       if (p.x == j.x && p.T == j.T && p.K == j.K) {  // same run: shares the copy

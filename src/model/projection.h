@@ -24,9 +24,14 @@ struct Proj {
   bool bf16 = false;  // round outputs to bf16 (a bf16 nn.Linear output)
   bool dot = false;   // give BF16 / MXFP4 jobs exact bf16 inputs
   ProjectionStats* stats = nullptr;
+  // A block's input and, when the caller has them, the same values as bf16: jobs reading
+  // `input` take input_h as their bf16 tokens instead of a copy (prepare_batch).
+  const float* input = nullptr;
+  const attnres::bf16* input_h = nullptr;  // (the member bf16 hides the type name)
 };
 
-Proj make_proj(const ForwardOptions& opt, Arena& arena);
+Proj make_proj(const ForwardOptions& opt, Arena& arena, const float* input = nullptr,
+               const bf16* input_h = nullptr);
 
 // Runs the jobs in one parallel region; in the bf16 flow the outputs of jobs [first_rounded, n)
 // are rounded to bf16 (MatmulJob::round_bf16: by the threads that computed them).

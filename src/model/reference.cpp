@@ -82,12 +82,12 @@ struct RefStep {
   void attention(int i, const float* in) {
     rms_norm(in, T, d, w.layers[static_cast<size_t>(i)].input_norm, w.config.rms_norm_eps, bf16,
              xn);
-    sub.attention(i, xn, a);
+    sub.attention(i, xn, nullptr, a);
   }
   void mlp(int i, const float* in) {
     rms_norm(in, T, d, w.layers[static_cast<size_t>(i)].post_attn_norm, w.config.rms_norm_eps, bf16,
              xn);
-    sub.mlp(i, xn, a);
+    sub.mlp(i, xn, nullptr, a);
   }
   void copy(float* dst, const float* src) const {
     std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));

@@ -3,6 +3,8 @@
 // amount, sublayers are exact when output aliases input, thread count does not change a bit,
 // the arena stops allocating, and each known misreading is caught by the golden data.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include "util/parallel.h"
 
 #include <cstdio>
@@ -134,11 +136,49 @@ TEST(Sublayers, ExactWhenOutputAliasesInput) {
         float* in = pass == 0 ? x.data() : aliased.data();
         float* out = pass == 0 ? separate.data() : aliased.data();
         if (kind == 0)
-          run.attention(layer, in, out);
+          run.attention(layer, in, nullptr, out);
         else
-          run.mlp(layer, in, out);
+          run.mlp(layer, in, nullptr, out);
       }
       EXPECT_EQ(separate, aliased) << "layer " << layer << (kind ? " mlp" : " attention");
+    }
+  }
+}
+
+// In the bf16 flow, a sublayer given its input's bf16 values as well (the executor's activation
+// storage, read by the projections instead of a copy of the input) computes the same bits.
+TEST(Sublayers, Bf16InputGivesSameBits) {
+  const testing::GoldenSet& g = golden("tiny-b");
+  const ModelConfig& c = g.weights.config;
+  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
+  const int64_t T = static_cast<int64_t>(prompt.size()), d = c.hidden_size;
+  std::vector<float> x(static_cast<size_t>(T * d));
+  ASSERT_TRUE(embed_tokens(g.weights, prompt.data(), T, x.data()).is_ok());
+  std::vector<bf16> xh(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xh[i] = f32_to_bf16(x[i]);
+    x[i] = bf16_to_f32(xh[i]);
+  }
+  const ForwardOptions opt;  // bf16 activations
+  ASSERT_TRUE(opt.bf16());
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<float> plain(x.size()), given(x.size());
+      for (int pass = 0; pass < 2; ++pass) {
+        testing::TestSequence seq(c, opt.cache_dtype());
+        const Segment segment{&seq.state, 0, T};
+        ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
+        Arena arena;
+        ModelSublayers run(g.weights, Segments(&segment, 1), opt, arena, T);
+        const bf16* in_h = pass == 0 ? nullptr : xh.data();
+        float* out = pass == 0 ? plain.data() : given.data();
+        if (kind == 0)
+          run.attention(layer, x.data(), in_h, out);
+        else
+          run.mlp(layer, x.data(), in_h, out);
+      }
+      EXPECT_EQ(0, std::memcmp(plain.data(), given.data(), plain.size() * sizeof(float)))
+          << "layer " << layer << (kind ? " mlp" : " attention");
     }
   }
 }
