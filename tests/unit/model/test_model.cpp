@@ -115,31 +115,41 @@ TEST(LatentCacheDtype, Bf16AndFp8DriftIsBounded) {
   }
 }
 
-// Sublayers take normalised inputs; the embeddings serve as such here (any [T, d] works).
+// Sublayer `kind` (0: attention, 1: mlp) of `layer` over the T rows of `in` (in_h: the same
+// values as bf16, or null) into `out`, on a fresh sequence.
+void run_sublayer(const testing::GoldenSet& g, const ForwardOptions& opt, int layer, int kind,
+                  int64_t T, const float* in, const bf16* in_h, float* out) {
+  testing::TestSequence seq(g.weights.config, opt.cache_dtype());
+  const Segment segment{&seq.state, 0, T};
+  ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
+  Arena arena;
+  ModelSublayers run(g.weights, Segments(&segment, 1), opt, arena, T);
+  if (kind == 0)
+    run.attention(layer, in, in_h, out);
+  else
+    run.mlp(layer, in, in_h, out);
+}
+
+// Sublayers take normalised inputs; the embeddings of a golden prompt serve as such here (any
+// [T, d] works).
+std::vector<float> sublayer_input(const testing::GoldenSet& g) {
+  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
+  const int64_t T = static_cast<int64_t>(prompt.size());
+  std::vector<float> x(static_cast<size_t>(T * g.weights.config.hidden_size));
+  EXPECT_TRUE(embed_tokens(g.weights, prompt.data(), T, x.data()).is_ok());
+  return x;
+}
+
 TEST(Sublayers, ExactWhenOutputAliasesInput) {
   const testing::GoldenSet& g = golden("tiny-b");
-  const ModelConfig& c = g.weights.config;
-  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
-  const int64_t T = static_cast<int64_t>(prompt.size()), d = c.hidden_size;
-  std::vector<float> x(static_cast<size_t>(T * d));
-  ASSERT_TRUE(embed_tokens(g.weights, prompt.data(), T, x.data()).is_ok());
+  const std::vector<float> x = sublayer_input(g);
+  const int64_t T = static_cast<int64_t>(x.size()) / g.weights.config.hidden_size;
   const ForwardOptions opt = testing::f32_options();
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+  for (int layer = 0; layer < g.weights.config.num_hidden_layers; ++layer) {
     for (int kind = 0; kind < 2; ++kind) {
       std::vector<float> separate(x.size()), aliased = x;
-      for (int pass = 0; pass < 2; ++pass) {
-        testing::TestSequence seq(c, opt.cache_dtype());
-        const Segment segment{&seq.state, 0, T};
-        ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
-        Arena arena;
-        ModelSublayers run(g.weights, Segments(&segment, 1), opt, arena, T);
-        float* in = pass == 0 ? x.data() : aliased.data();
-        float* out = pass == 0 ? separate.data() : aliased.data();
-        if (kind == 0)
-          run.attention(layer, in, nullptr, out);
-        else
-          run.mlp(layer, in, nullptr, out);
-      }
+      run_sublayer(g, opt, layer, kind, T, x.data(), nullptr, separate.data());
+      run_sublayer(g, opt, layer, kind, T, aliased.data(), nullptr, aliased.data());
       EXPECT_EQ(separate, aliased) << "layer " << layer << (kind ? " mlp" : " attention");
     }
   }
@@ -149,11 +159,8 @@ TEST(Sublayers, ExactWhenOutputAliasesInput) {
 // storage, read by the projections instead of a copy of the input) computes the same bits.
 TEST(Sublayers, Bf16InputGivesSameBits) {
   const testing::GoldenSet& g = golden("tiny-b");
-  const ModelConfig& c = g.weights.config;
-  const std::vector<int32_t> prompt = g.ids("case2.prompt_ids");
-  const int64_t T = static_cast<int64_t>(prompt.size()), d = c.hidden_size;
-  std::vector<float> x(static_cast<size_t>(T * d));
-  ASSERT_TRUE(embed_tokens(g.weights, prompt.data(), T, x.data()).is_ok());
+  std::vector<float> x = sublayer_input(g);
+  const int64_t T = static_cast<int64_t>(x.size()) / g.weights.config.hidden_size;
   std::vector<bf16> xh(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     xh[i] = f32_to_bf16(x[i]);
@@ -161,22 +168,11 @@ TEST(Sublayers, Bf16InputGivesSameBits) {
   }
   const ForwardOptions opt;  // bf16 activations
   ASSERT_TRUE(opt.bf16());
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+  for (int layer = 0; layer < g.weights.config.num_hidden_layers; ++layer) {
     for (int kind = 0; kind < 2; ++kind) {
       std::vector<float> plain(x.size()), given(x.size());
-      for (int pass = 0; pass < 2; ++pass) {
-        testing::TestSequence seq(c, opt.cache_dtype());
-        const Segment segment{&seq.state, 0, T};
-        ASSERT_TRUE(reserve_segments(Segments(&segment, 1)).is_ok());
-        Arena arena;
-        ModelSublayers run(g.weights, Segments(&segment, 1), opt, arena, T);
-        const bf16* in_h = pass == 0 ? nullptr : xh.data();
-        float* out = pass == 0 ? plain.data() : given.data();
-        if (kind == 0)
-          run.attention(layer, x.data(), in_h, out);
-        else
-          run.mlp(layer, x.data(), in_h, out);
-      }
+      run_sublayer(g, opt, layer, kind, T, x.data(), nullptr, plain.data());
+      run_sublayer(g, opt, layer, kind, T, x.data(), xh.data(), given.data());
       EXPECT_EQ(0, std::memcmp(plain.data(), given.data(), plain.size() * sizeof(float)))
           << "layer " << layer << (kind ? " mlp" : " attention");
     }
