@@ -57,13 +57,10 @@ struct ExpertShare {
   Range r;    // rows of w2 (latent or model dimension): its columns of y
 };
 
-// Whether the given matrix of every routed expert runs on bf16 tokens alone (MatmulJob::xh
-// without x) in the vdpbf16ps flow: MXFP4 or BF16 weights (F32 weights read f32 tokens).
-bool experts_read_bf16(const MoeWeights& w, ExpertMatrix ExpertWeights::*m) {
-  return std::all_of(w.experts.begin(), w.experts.end(), [m](const ExpertWeights& e) {
-    const ExpertMatrix& x = e.*m;
-    return x.mxfp4 || x.dense.dtype == DType::kBF16;
-  });
+// Whether an expert matrix runs on bf16 tokens alone (MatmulJob::xh without x) in the vdpbf16ps
+// flow: MXFP4 or BF16 weights (F32 weights read f32 tokens).
+bool reads_bf16_tokens(const ExpertMatrix& m) {
+  return m.mxfp4 || m.dense.dtype == DType::kBF16;
 }
 
 // y [T, r] += sum over each token's chosen experts of weight * expert(z), f32, in slices of
@@ -82,17 +79,14 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
   int64_t* slot_of = arena.take<int64_t>(S * K);  // grouped position -> flat (t * K + s)
   int64_t* pos_of = arena.take<int64_t>(S * K);   // flat - base -> grouped position
   float* zg = arena.take<float>(S * K * r);       // [S*K, r] gathered inputs, grouped by expert
-  // In the vdpbf16ps flow the inputs are gathered as bf16 (zgh) when every routed expert reads
-  // bf16 tokens alone: half the bytes of the f32 gather, and no bf16 copy of them before w1/w3.
-  // The copy checks that each row is bf16 values (the latents are rounded projection outputs);
-  // a slice with a row that is not takes the f32 gather, and project_batch's checked copy.
-  const bool gather_bf16 = pj.dot && experts_read_bf16(w, &ExpertWeights::w1) &&
-                           experts_read_bf16(w, &ExpertWeights::w3);
-  bf16* zgh = gather_bf16 ? arena.take<bf16>(S * K * r) : nullptr;
-  // Likewise w2's input: the activation stored as bf16 (hh), unless it is gathered from every
-  // rank first (sharded: hall, f32).
-  const bool mid_bf16 = pj.dot && !tp.sharded() && experts_read_bf16(w, &ExpertWeights::w2);
-  bf16* hh = mid_bf16 ? arena.take<bf16>(S * K * I) : nullptr;
+  // In the vdpbf16ps flow, where a slice's chosen experts read bf16 tokens alone, their inputs
+  // are gathered as bf16 (zgh): half the bytes of the f32 gather, and no bf16 copy of them before
+  // w1/w3. The copy checks that each row is bf16 values (the latents are rounded projection
+  // outputs); a slice with a row that is not takes the f32 gather, and project_batch's checked
+  // copy. Likewise w2's input: the activation stored as bf16 (hh), unless it is gathered from
+  // every rank first (sharded: hall, f32).
+  bf16* zgh = pj.dot ? arena.take<bf16>(S * K * r) : nullptr;
+  bf16* hh = pj.dot && !tp.sharded() ? arena.take<bf16>(S * K * I) : nullptr;
   float* h1 = arena.take<float>(S * K * Il);                       // [S*K, I] (this rank's I)
   float* h3 = arena.take<float>(S * K * Il);                       // [S*K, I]
   float* hall = tp.sharded() ? arena.take<float>(S * K * I) : h1;  // [S*K, I] every rank's
@@ -111,7 +105,20 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
       pos_of[i] = fill[ids[base + i]]++;
       slot_of[pos_of[i]] = base + i;
     }
-    bool bf16_rows = gather_bf16;
+    // w1 and w3 of every chosen expert in one batch, then w2 of every chosen expert. The chosen
+    // experts' formats decide the gathers' dtypes (read here, where the jobs read them anyway: a
+    // scan of every expert's weights at each step cost more than the copies it saved at decode).
+    int64_t nj = 0;
+    bool bf16_rows = zgh != nullptr, mid_bf16 = hh != nullptr;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = count[e], n = count[e + 1] - begin;
+      if (n == 0) continue;
+      const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * Il);
+      jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * Il);
+      bf16_rows = bf16_rows && reads_bf16_tokens(ew.w1) && reads_bf16_tokens(ew.w3);
+      mid_bf16 = mid_bf16 && reads_bf16_tokens(ew.w2);
+    }
     if (bf16_rows) {
       std::atomic<bool> exact{true};
       parallel_ranges(ts * K, ts * K * r > kParallelMinWork, [&](int64_t g0, int64_t g1) {
@@ -126,20 +133,11 @@ void routed_experts(const ModelConfig& c, const MoeWeights& w, const MoeDims& m,
         for (int64_t g = g0; g < g1; ++g)
           std::memcpy(zg + g * r, z + slot_of[g] / K * r, sizeof(float) * static_cast<size_t>(r));
       });
-    }
-    // w1 and w3 of every chosen expert in one batch, then w2 of every chosen expert.
-    int64_t nj = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = count[e], n = count[e + 1] - begin;
-      if (n == 0) continue;
-      const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
-      jobs[nj++] = expert_job(zg + begin * r, n, ew.w1, h1 + begin * Il);
-      jobs[nj++] = expert_job(zg + begin * r, n, ew.w3, h3 + begin * Il);
-      if (bf16_rows)
-        for (MatmulJob* j : {&jobs[nj - 2], &jobs[nj - 1]}) {
-          j->x = nullptr;
-          j->xh = zgh + begin * r;
-        }
+    } else {
+      for (int64_t i = 0; i < nj; ++i) {  // the same rows of the bf16 gather
+        jobs[i].xh = zgh + (jobs[i].x - zg);
+        jobs[i].x = nullptr;
+      }
     }
     project_batch(pj, jobs, nj);
     if (mid_bf16)
