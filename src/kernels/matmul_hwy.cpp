@@ -41,7 +41,6 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cassert>
 #include <cstdint>
@@ -1182,19 +1181,15 @@ void RunCostRange(const MatmulJob* jobs, int64_t n_jobs, int64_t lo, int64_t hi)
   }
 }
 
-// Guided self-scheduling of a parallel batch: a thread takes [lo, lo + size) of the remaining
-// cost with size = remaining / n, at least total / (kMinChunksPerThread n). Early grabs are
-// long (each streams a long run of weight rows front to back); the last ones are short, so the
-// threads finish within a small grab of each other, and a thread the OS parks (the machine may
-// be shared) holds up the region by little. Every grab starts a new run of rows whose first
-// lines come from memory behind a cold prefetcher (and, for MXFP4, a new tile setup), so the
-// first grabs are as long as balance allows: remaining / (2 n) instead made decode on k3-mini
-// (2 threads) 4-7% slower, its MXFP4 expert batches 10-17%.
-constexpr int64_t kMinChunksPerThread = 16;
-
+// A parallel batch is claimed by parallel_guided over its cost axis: the threads finish within
+// a small claim of each other, and a thread the OS parks (the machine may be shared) holds up
+// the region by little. Every claim starts a new run of rows whose first lines come from memory
+// behind a cold prefetcher (and, for MXFP4, a new tile setup), so the first claims are as long
+// as balance allows: remaining / (2 n) instead of remaining / n made decode on k3-mini (2
+// threads) 4-7% slower, its MXFP4 expert batches 10-17%.
 void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). The units,
-  // in (job, group) order, lie on a cost axis [0, total); a grab [lo, hi) runs the units whose
+  // in (job, group) order, lie on a cost axis [0, total); a claim [lo, hi) runs the units whose
   // cumulative cost starts in it, a contiguous run streamed front to back. Which thread runs a
   // unit never changes its arithmetic.
   int64_t total = 0, units = 0, bytes = 0;
@@ -1208,24 +1203,7 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   }
   if (total == 0) return;
   const int64_t nt = WorthParallel(total, bytes, units) ? parallel_threads() : 1;
-  if (nt == 1) {
-    RunCostRange(jobs, n_jobs, 0, total);
-    return;
-  }
-  // One task per thread; each grabs ranges until the axis is used up (a thread that starts
-  // late finds nothing left and returns at once).
-  std::atomic<int64_t> next{0};
-  const int64_t min_size = std::max<int64_t>(1, total / (kMinChunksPerThread * nt));
-  parallel_tasks(nt, [&](int64_t) {
-    int64_t lo = next.load(std::memory_order_relaxed);
-    while (lo < total) {  // a failed exchange reloads lo
-      const int64_t hi = std::min(total, lo + std::max(min_size, (total - lo) / nt));
-      if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
-        RunCostRange(jobs, n_jobs, lo, hi);
-        lo = next.load(std::memory_order_relaxed);
-      }
-    }
-  });
+  parallel_guided(total, nt, [&](int64_t lo, int64_t hi) { RunCostRange(jobs, n_jobs, lo, hi); });
 }
 
 // bf16_exact_copy (matmul.h): the bit operations of its scalar twin, lane-wise; the ragged end

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace attnres {
@@ -45,23 +46,40 @@ void set_parallel_threads(int threads);
 // call from inside a task: all on the calling thread, in order.
 void parallel_tasks(int64_t n, TaskRef task);
 
-// fn(begin, end) over [0, n) in contiguous ranges of about n / (4 x threads) items (at least
-// `grain`); all on the calling thread when n < 2 * grain.
+// fn(lo, hi) over [0, n) on `threads` tasks by guided self-scheduling: each task claims
+// [lo, lo + remaining / threads) of what is left, at least n / (kGuidedMinClaimsPerThread x
+// threads), until nothing is left (a task that starts late finds nothing and returns). The
+// first ranges are long, so each streams a long run of its data front to back; the last are
+// short, so threads that run at different speeds end within one short range of each other. On
+// a shared machine that matters: one vCPU ran an FMA loop 1.45x slower than the other for
+// seconds at a time (2026-12-06), so ranges fixed in advance wait for the slower thread.
+inline constexpr int64_t kGuidedMinClaimsPerThread = 16;
 template <typename Fn>
-void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
-  const int64_t threads = parallel_threads();
+void parallel_guided(int64_t n, int64_t threads, const Fn& fn) {
   if (n <= 0) return;
-  if (threads <= 1 || n < 2 * grain) {
+  if (threads <= 1) {
     fn(int64_t{0}, n);
     return;
   }
-  int64_t chunks = std::min<int64_t>(4 * threads, n / (grain > 0 ? grain : 1));
-  if (chunks < 1) chunks = 1;
-  parallel_tasks(chunks, [&](int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
+  std::atomic<int64_t> next{0};
+  const int64_t min_claim = std::max<int64_t>(1, n / (kGuidedMinClaimsPerThread * threads));
+  parallel_tasks(threads, [&](int64_t) {
+    int64_t lo = next.load(std::memory_order_relaxed);
+    while (lo < n) {  // a failed exchange reloads lo
+      const int64_t hi = std::min(n, lo + std::max(min_claim, (n - lo) / threads));
+      if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
+        fn(lo, hi);
+        lo = next.load(std::memory_order_relaxed);
+      }
+    }
+  });
 }
 
-// fn(begin, end) over [0, n) in contiguous ranges (about 4 per thread, claimed dynamically)
-// when `parallel`, else fn(0, n) on the calling thread.
+// fn(begin, end) over [0, n) in contiguous, non-empty ranges claimed dynamically when
+// `parallel`, else fn(0, n) on the calling thread. Up to kRangeItemsPerThread items per thread
+// (heads, row groups: items of real size) are claimed one at a time; more, by parallel_guided.
+// Which thread runs an item never changes its arithmetic.
+inline constexpr int64_t kRangeItemsPerThread = 4;
 template <typename Fn>
 void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
   if (n <= 0) return;
@@ -70,8 +88,11 @@ void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
     fn(int64_t{0}, n);
     return;
   }
-  const int64_t chunks = std::min<int64_t>(4 * threads, n);
-  parallel_tasks(chunks, [&](int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
+  if (n <= kRangeItemsPerThread * threads) {
+    parallel_tasks(n, [&](int64_t i) { fn(i, i + 1); });
+    return;
+  }
+  parallel_guided(n, threads, fn);
 }
 
 // fn(i) on `ways` tasks that split a range statically: task i of `ways` takes

@@ -1,0 +1,139 @@
+// The pool's range helpers: every item is covered once, by contiguous non-empty ranges, whatever
+// the thread count and however the threads interleave.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "util/parallel.h"
+
+namespace attnres {
+namespace {
+
+// Restores the thread count a test changed.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(parallel_threads()) { set_parallel_threads(n); }
+  ~ThreadCount() { set_parallel_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+// The ranges must tile [0, n) exactly: sorted, they start at 0, each begins where the previous
+// ended, none is empty, the last ends at n.
+void ExpectTiles(Ranges ranges, int64_t n) {
+  std::sort(ranges.begin(), ranges.end());
+  ASSERT_FALSE(ranges.empty());
+  int64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, at) << "n = " << n;
+    EXPECT_LT(b, e) << "n = " << n;
+    at = e;
+  }
+  EXPECT_EQ(at, n);
+}
+
+template <typename Split>
+Ranges Collect(const Split& split) {
+  std::mutex m;
+  Ranges ranges;
+  split([&](int64_t b, int64_t e) {
+    std::lock_guard<std::mutex> lock(m);
+    ranges.emplace_back(b, e);
+  });
+  return ranges;
+}
+
+TEST(ParallelRanges, CoverEveryItemOnce) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadCount tc(threads);
+    for (int64_t n : {1, 2, 7, 8, 9, 20, 21, 100, 1000, 4097}) {
+      for (bool parallel : {false, true}) {
+        const Ranges r = Collect([&](const auto& fn) { parallel_ranges(n, parallel, fn); });
+        ExpectTiles(r, n);
+        if (!parallel || threads == 1) {
+          EXPECT_EQ(r.size(), 1u);
+        } else if (n <= kRangeItemsPerThread * threads) {
+          EXPECT_EQ(r.size(), static_cast<size_t>(n)) << "one item a claim";
+        }
+      }
+    }
+  }
+}
+
+TEST(ParallelRanges, NothingForAnEmptyRange) {
+  ThreadCount tc(2);
+  int calls = 0;
+  parallel_ranges(0, true, [&](int64_t, int64_t) { ++calls; });
+  parallel_guided(0, 2, [&](int64_t, int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
+}
+
+// Guided claims shrink: each is remaining / threads of what was left, at least the minimum, so
+// the first is half the items (two threads) and only the one that ends the range may be shorter
+// than the minimum.
+TEST(ParallelGuided, ClaimsShrinkToTheMinimum) {
+  ThreadCount tc(2);
+  for (int64_t n : {int64_t{5}, int64_t{1000}, int64_t{1} << 20}) {
+    const int64_t threads = 2;
+    const int64_t min_claim = std::max<int64_t>(1, n / (kGuidedMinClaimsPerThread * threads));
+    const Ranges r = Collect([&](const auto& fn) { parallel_guided(n, threads, fn); });
+    ExpectTiles(r, n);
+    int64_t largest = 0;
+    for (const auto& [b, e] : r) {
+      largest = std::max(largest, e - b);
+      if (e < n) {
+        EXPECT_GE(e - b, min_claim) << "n = " << n;
+      }
+    }
+    EXPECT_EQ(largest, std::max(min_claim, n / threads)) << "n = " << n;
+    EXPECT_LE(r.size(), static_cast<size_t>(n / min_claim + 1)) << "n = " << n;
+  }
+}
+
+// A thread held up in one claim holds up the region by that claim only: while the caller stays
+// in its first claim, the worker takes every other item.
+TEST(ParallelGuided, AnotherThreadTakesWhatAHeldThreadLeaves) {
+  ThreadCount tc(2);
+  const int64_t n = 64;
+  const auto caller = std::this_thread::get_id();
+  // A worker joins the regions published after it started: wait until one has run a task.
+  std::atomic<bool> worker_ran{false};
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       !worker_ran && std::chrono::steady_clock::now() < until;) {
+    parallel_tasks(2, [&](int64_t) {
+      if (std::this_thread::get_id() != caller) worker_ran = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  }
+  ASSERT_TRUE(worker_ran) << "the pool's worker never ran a task";
+  std::atomic<int64_t> caller_items{0}, worker_items{0};
+  std::atomic<int> caller_claims{0};
+  parallel_guided(n, 2, [&](int64_t b, int64_t e) {
+    if (std::this_thread::get_id() != caller) {
+      worker_items += e - b;
+      return;
+    }
+    caller_items += e - b;
+    ++caller_claims;
+    // Held until the worker has taken the rest (bounded, should the worker never start).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (caller_items + worker_items < n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  EXPECT_EQ(caller_items + worker_items, n);
+  EXPECT_EQ(caller_claims.load(), 1);
+  EXPECT_LE(caller_items.load(), n / 2);
+}
+
+}  // namespace
+}  // namespace attnres
