@@ -1181,12 +1181,11 @@ void RunCostRange(const MatmulJob* jobs, int64_t n_jobs, int64_t lo, int64_t hi)
   }
 }
 
-// A parallel batch is claimed by parallel_guided over its cost axis: the threads finish within
-// a small claim of each other, and a thread the OS parks (the machine may be shared) holds up
-// the region by little. Every claim starts a new run of rows whose first lines come from memory
-// behind a cold prefetcher (and, for MXFP4, a new tile setup), so the first claims are as long
-// as balance allows: remaining / (2 n) instead of remaining / n made decode on k3-mini (2
-// threads) 4-7% slower, its MXFP4 expert batches 10-17%.
+// A parallel batch is split by parallel_split over its cost axis: each thread streams one long
+// run of rows front to back (every new run starts behind a cold prefetcher, and for MXFP4 with
+// a new tile setup: with claims of remaining / (2 n) instead of remaining / n, decode on
+// k3-mini was 4-7% slower and its MXFP4 expert batches 10-17%), and a thread that runs slower,
+// or that the OS parks (the machine may be shared), has the back of its run taken by the other.
 void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   // Work unit = one row group of one job, costed T * group rows * K (multiply-adds). The units,
   // in (job, group) order, lie on a cost axis [0, total); a claim [lo, hi) runs the units whose
@@ -1203,7 +1202,7 @@ void MatmulBatch(const MatmulJob* jobs, int64_t n_jobs) {
   }
   if (total == 0) return;
   const int64_t nt = WorthParallel(total, bytes, units) ? parallel_threads() : 1;
-  parallel_guided(total, nt, [&](int64_t lo, int64_t hi) { RunCostRange(jobs, n_jobs, lo, hi); });
+  parallel_split(total, nt, [&](int64_t lo, int64_t hi) { RunCostRange(jobs, n_jobs, lo, hi); });
 }
 
 // bf16_exact_copy (matmul.h): the bit operations of its scalar twin, lane-wise; the ragged end

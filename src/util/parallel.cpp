@@ -150,6 +150,80 @@ int physical_cores() {
   return std::max<int>(1, static_cast<int>(cores.size()));
 }
 
+namespace {
+
+// A task's range [next, end) on parallel_split's axis, packed in one word so that the owner's
+// claim of a piece and a thief's cut of the end are single compare-exchanges on the same value.
+struct alignas(64) SplitSlot {
+  std::atomic<uint64_t> word{0};
+};
+constexpr uint64_t Pack(int64_t next, int64_t end) {
+  return (static_cast<uint64_t>(end) << 32) | static_cast<uint64_t>(next);
+}
+constexpr int64_t Next(uint64_t w) {
+  return static_cast<int64_t>(w & 0xffffffffu);
+}
+constexpr int64_t End(uint64_t w) {
+  return static_cast<int64_t>(w >> 32);
+}
+
+}  // namespace
+
+void parallel_split(int64_t n, int64_t threads, RangeRef fn) {
+  if (n <= 0) return;
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  // The axis in units of `unit` items, so that positions fit in 32 bits (a batch's cost axis
+  // counts multiply-adds).
+  const int64_t unit = (n + (int64_t{1} << 31) - 1) >> 31;
+  const int64_t m = (n + unit - 1) / unit;
+  threads = std::min(threads, m);
+  const int64_t piece = std::max<int64_t>(1, m / (kSplitPiecesPerThread * threads));
+  std::vector<SplitSlot> heap;
+  SplitSlot local[8];
+  SplitSlot* slots = local;
+  if (threads > 8) {
+    heap = std::vector<SplitSlot>(static_cast<size_t>(threads));
+    slots = heap.data();
+  }
+  for (int64_t i = 0; i < threads; ++i)
+    slots[i].word.store(Pack(m * i / threads, m * (i + 1) / threads), std::memory_order_relaxed);
+  parallel_tasks(threads, [&](int64_t i) {
+    SplitSlot& own = slots[i];
+    for (;;) {
+      // Run the own range piece by piece while it lasts.
+      uint64_t w = own.word.load(std::memory_order_acquire);
+      while (Next(w) < End(w)) {
+        const int64_t lo = Next(w), hi = std::min(End(w), lo + piece);
+        if (!own.word.compare_exchange_weak(w, Pack(hi, End(w)), std::memory_order_acq_rel))
+          continue;  // w reloaded: a thief moved the end
+        fn(lo * unit, std::min(n, hi * unit));
+        w = own.word.load(std::memory_order_acquire);
+      }
+      // Steal the back half of the largest range left.
+      int64_t victim = -1, left = 0;
+      for (int64_t j = 0; j < threads; ++j) {
+        const uint64_t v = slots[j].word.load(std::memory_order_acquire);
+        if (End(v) - Next(v) > left) {
+          left = End(v) - Next(v);
+          victim = j;
+        }
+      }
+      if (victim < 0) return;  // nothing left anywhere
+      uint64_t v = slots[victim].word.load(std::memory_order_acquire);
+      const int64_t rest = End(v) - Next(v);
+      if (rest <= 0) continue;
+      const int64_t mid = End(v) - (rest + 1) / 2;  // the back half, the larger if odd
+      if (!slots[victim].word.compare_exchange_strong(v, Pack(Next(v), mid),
+                                                      std::memory_order_acq_rel))
+        continue;  // it changed meanwhile: look again
+      own.word.store(Pack(mid, End(v)), std::memory_order_release);
+    }
+  });
+}
+
 int parallel_threads() {
   return pool().threads();
 }

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 namespace attnres {
@@ -46,38 +45,34 @@ void set_parallel_threads(int threads);
 // call from inside a task: all on the calling thread, in order.
 void parallel_tasks(int64_t n, TaskRef task);
 
-// fn(lo, hi) over [0, n) on `threads` tasks by guided self-scheduling: each task claims
-// [lo, lo + remaining / threads) of what is left, at least n / (kGuidedMinClaimsPerThread x
-// threads), until nothing is left (a task that starts late finds nothing and returns). The
-// first ranges are long, so each streams a long run of its data front to back; the last are
-// short, so threads that run at different speeds end within one short range of each other. On
-// a shared machine that matters: one vCPU ran an FMA loop 1.45x slower than the other for
-// seconds at a time (2026-12-06), so ranges fixed in advance wait for the slower thread.
-inline constexpr int64_t kGuidedMinClaimsPerThread = 16;
-template <typename Fn>
-void parallel_guided(int64_t n, int64_t threads, const Fn& fn) {
-  if (n <= 0) return;
-  if (threads <= 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  const int64_t min_claim = std::max<int64_t>(1, n / (kGuidedMinClaimsPerThread * threads));
-  parallel_tasks(threads, [&](int64_t) {
-    int64_t lo = next.load(std::memory_order_relaxed);
-    while (lo < n) {  // a failed exchange reloads lo
-      const int64_t hi = std::min(n, lo + std::max(min_claim, (n - lo) / threads));
-      if (next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) {
-        fn(lo, hi);
-        lo = next.load(std::memory_order_relaxed);
-      }
-    }
-  });
-}
+// A non-owning reference to a callable void(int64_t begin, int64_t end), valid while it lives.
+class RangeRef {
+ public:
+  template <typename F>
+  RangeRef(const F& f)  // NOLINT: implicit by design
+      : obj_(&f),
+        call_([](const void* o, int64_t b, int64_t e) { (*static_cast<const F*>(o))(b, e); }) {}
+  void operator()(int64_t b, int64_t e) const { call_(obj_, b, e); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, int64_t, int64_t);
+};
+
+// fn(lo, hi) over [0, n) on `threads` tasks, in contiguous ranges, with the work balanced by
+// stealing. Task i owns [n i / threads, n (i + 1) / threads) and runs it front to back in
+// pieces of about n / (kSplitPiecesPerThread x threads); a task whose range is used up takes
+// the back half of the largest range another task has not yet run, and so on until nothing is
+// left (a task that starts late may find nothing). So each thread streams one long run of its
+// data front to back, and threads that run at different speeds still end within one piece of
+// each other: on a shared machine one vCPU ran an FMA loop 1.45x slower than the other for
+// seconds at a time (2026-12-06).
+inline constexpr int64_t kSplitPiecesPerThread = 16;
+void parallel_split(int64_t n, int64_t threads, RangeRef fn);
 
 // fn(begin, end) over [0, n) in contiguous, non-empty ranges claimed dynamically when
 // `parallel`, else fn(0, n) on the calling thread. Up to kRangeItemsPerThread items per thread
-// (heads, row groups: items of real size) are claimed one at a time; more, by parallel_guided.
+// (heads, row groups: items of real size) are claimed one at a time; more, by parallel_split.
 // Which thread runs an item never changes its arithmetic.
 inline constexpr int64_t kRangeItemsPerThread = 4;
 template <typename Fn>
@@ -92,7 +87,7 @@ void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
     parallel_tasks(n, [&](int64_t i) { fn(i, i + 1); });
     return;
   }
-  parallel_guided(n, threads, fn);
+  parallel_split(n, threads, fn);
 }
 
 // fn(i) on `ways` tasks that split a range statically: task i of `ways` takes

@@ -74,35 +74,31 @@ TEST(ParallelRanges, NothingForAnEmptyRange) {
   ThreadCount tc(2);
   int calls = 0;
   parallel_ranges(0, true, [&](int64_t, int64_t) { ++calls; });
-  parallel_guided(0, 2, [&](int64_t, int64_t) { ++calls; });
+  parallel_split(0, 2, [&](int64_t, int64_t) { ++calls; });
   EXPECT_EQ(calls, 0);
 }
 
-// Guided claims shrink: each is remaining / threads of what was left, at least the minimum, so
-// the first is half the items (two threads) and only the one that ends the range may be shorter
-// than the minimum.
-TEST(ParallelGuided, ClaimsShrinkToTheMinimum) {
-  ThreadCount tc(2);
-  for (int64_t n : {int64_t{5}, int64_t{1000}, int64_t{1} << 20}) {
-    const int64_t threads = 2;
-    const int64_t min_claim = std::max<int64_t>(1, n / (kGuidedMinClaimsPerThread * threads));
-    const Ranges r = Collect([&](const auto& fn) { parallel_guided(n, threads, fn); });
-    ExpectTiles(r, n);
-    int64_t largest = 0;
-    for (const auto& [b, e] : r) {
-      largest = std::max(largest, e - b);
-      if (e < n) {
-        EXPECT_GE(e - b, min_claim) << "n = " << n;
-      }
+// Every range is at most one piece, and the pieces tile the axis; positions past 32 bits (a
+// batch's cost axis) are scaled, not truncated.
+TEST(ParallelSplit, PiecesTileTheRange) {
+  for (int threads : {2, 3, 12}) {
+    ThreadCount tc(threads);
+    for (int64_t n :
+         {int64_t{2}, int64_t{5}, int64_t{1000}, int64_t{1} << 20, (int64_t{1} << 40) + 12345}) {
+      const Ranges r = Collect([&](const auto& fn) { parallel_split(n, threads, fn); });
+      ExpectTiles(r, n);
+      const int64_t unit = (n + (int64_t{1} << 31) - 1) >> 31;
+      const int64_t ways = std::min<int64_t>(threads, (n + unit - 1) / unit);
+      const int64_t piece =
+          std::max<int64_t>(1, (n + unit - 1) / unit / (kSplitPiecesPerThread * ways)) * unit;
+      for (const auto& [b, e] : r) EXPECT_LE(e - b, piece) << "n = " << n;
     }
-    EXPECT_EQ(largest, std::max(min_claim, n / threads)) << "n = " << n;
-    EXPECT_LE(r.size(), static_cast<size_t>(n / min_claim + 1)) << "n = " << n;
   }
 }
 
-// A thread held up in one claim holds up the region by that claim only: while the caller stays
-// in its first claim, the worker takes every other item.
-TEST(ParallelGuided, AnotherThreadTakesWhatAHeldThreadLeaves) {
+// A thread held up in a piece holds up the region by that piece only: while the caller stays
+// in its first piece, the worker runs its own range and then steals the rest of the caller's.
+TEST(ParallelSplit, AnotherThreadTakesWhatAHeldThreadLeaves) {
   ThreadCount tc(2);
   const int64_t n = 64;
   const auto caller = std::this_thread::get_id();
@@ -117,22 +113,22 @@ TEST(ParallelGuided, AnotherThreadTakesWhatAHeldThreadLeaves) {
   }
   ASSERT_TRUE(worker_ran) << "the pool's worker never ran a task";
   std::atomic<int64_t> caller_items{0}, worker_items{0};
-  std::atomic<int> caller_claims{0};
-  parallel_guided(n, 2, [&](int64_t b, int64_t e) {
+  std::atomic<int> caller_pieces{0};
+  parallel_split(n, 2, [&](int64_t b, int64_t e) {
     if (std::this_thread::get_id() != caller) {
       worker_items += e - b;
       return;
     }
     caller_items += e - b;
-    ++caller_claims;
-    // Held until the worker has taken the rest (bounded, should the worker never start).
+    ++caller_pieces;
+    // Held until the worker has run the rest (bounded, should the worker never start).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (caller_items + worker_items < n && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   EXPECT_EQ(caller_items + worker_items, n);
-  EXPECT_EQ(caller_claims.load(), 1);
-  EXPECT_LE(caller_items.load(), n / 2);
+  EXPECT_EQ(caller_pieces.load(), 1);
+  EXPECT_EQ(caller_items.load(), n / (kSplitPiecesPerThread * 2));
 }
 
 }  // namespace
