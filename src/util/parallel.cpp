@@ -180,7 +180,7 @@ void parallel_split(int64_t n, int64_t threads, RangeRef fn) {
   const int64_t unit = (n + (int64_t{1} << 31) - 1) >> 31;
   const int64_t m = (n + unit - 1) / unit;
   threads = std::min(threads, m);
-  const int64_t piece = std::max<int64_t>(1, m / (kSplitPiecesPerThread * threads));
+  const int64_t min_piece = std::max<int64_t>(1, m / (kSplitPiecesPerThread * threads));
   std::vector<SplitSlot> heap;
   SplitSlot local[8];
   SplitSlot* slots = local;
@@ -193,10 +193,11 @@ void parallel_split(int64_t n, int64_t threads, RangeRef fn) {
   parallel_tasks(threads, [&](int64_t i) {
     SplitSlot& own = slots[i];
     for (;;) {
-      // Run the own range piece by piece while it lasts.
+      // Run the own range while it lasts, half of what is left of it at a time.
       uint64_t w = own.word.load(std::memory_order_acquire);
       while (Next(w) < End(w)) {
-        const int64_t lo = Next(w), hi = std::min(End(w), lo + piece);
+        const int64_t lo = Next(w),
+                      hi = std::min(End(w), lo + std::max(min_piece, (End(w) - lo + 1) / 2));
         if (!own.word.compare_exchange_weak(w, Pack(hi, End(w)), std::memory_order_acq_rel))
           continue;  // w reloaded: a thief moved the end
         fn(lo * unit, std::min(n, hi * unit));

@@ -61,12 +61,12 @@ class RangeRef {
 
 // fn(lo, hi) over [0, n) on `threads` tasks, in contiguous ranges, with the work balanced by
 // stealing. Task i owns [n i / threads, n (i + 1) / threads) and runs it front to back in
-// pieces of about n / (kSplitPiecesPerThread x threads); a task whose range is used up takes
-// the back half of the largest range another task has not yet run, and so on until nothing is
-// left (a task that starts late may find nothing). So each thread streams one long run of its
-// data front to back, and threads that run at different speeds still end within one piece of
-// each other: on a shared machine one vCPU ran an FMA loop 1.45x slower than the other for
-// seconds at a time (2026-12-06).
+// pieces of half what is left of it (at least n / (kSplitPiecesPerThread x threads)); a task
+// whose range is used up takes the back half of the largest range another task has not yet
+// claimed, and so on until nothing is left (a task that starts late may find nothing). So each
+// thread streams one long run of its data front to back in a few calls, and threads that run at
+// different speeds still end within about one short piece of each other: on a shared machine
+// one vCPU ran an FMA loop 1.45x slower than the other for seconds at a time (2026-12-06).
 inline constexpr int64_t kSplitPiecesPerThread = 16;
 void parallel_split(int64_t n, int64_t threads, RangeRef fn);
 
