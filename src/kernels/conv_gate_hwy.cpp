@@ -13,9 +13,8 @@
 // Gate: element-wise over [T, H, dk] with the twin's formulas and operation order; a = exp(a_log)
 // is the twin's scalar expf per head.
 //
-// Threads: channel ranges (conv) or (token, head) rows (gate) are split statically
-// (static_ranges.h); every element's value depends only on its own inputs, so nothing depends
-// on the split.
+// Threads: channel ranges (conv) or (token, head) rows (gate) in parallel_ranges; every
+// element's value depends only on its own inputs, so nothing depends on the split.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/conv_gate_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -172,7 +171,7 @@ void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weigh
   // a channel's values do not depend on which tile or thread computes it.
   constexpr int64_t kGranule = 256;
   const int64_t granules = (C + kGranule - 1) / kGranule;
-  for_static_ranges(granules, causal_conv1d_silu_splits(T, C, W), [&](int64_t g0, int64_t g1) {
+  parallel_ranges(granules, causal_conv1d_silu_splits(T, C, W), [&](int64_t g0, int64_t g1) {
     HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)
     (x, T, C, g0 * kGranule, std::min(C, g1 * kGranule), weight, W, state, y);
   });
@@ -180,7 +179,7 @@ void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* weigh
 
 void kda_gate(const float* f, int64_t T, int64_t H, int64_t dk, const float* a_log,
               const float* dt_bias, std::optional<float> lower_bound, float* g) {
-  for_static_ranges(T * H, T * H * dk > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+  parallel_ranges(T * H, T * H * dk > kParallelMinWork, [&](int64_t r0, int64_t r1) {
     HWY_DYNAMIC_DISPATCH(KdaGate)
     (f, r0, r1, H, dk, a_log, dt_bias, lower_bound.has_value(), lower_bound.value_or(0.0f), g);
   });

@@ -7,8 +7,8 @@
 // operations in the same order (x * inv, bf16 rounding, * gain, bf16 rounding; gated:
 // ((o * inv) * gain) * sigmoid(gate), the sigmoid via Highway's Exp, <= 1 ulp).
 //
-// Threads: rows are split statically (static_ranges.h: one dispatched call per thread on a
-// contiguous range); each row is computed by one thread, and nothing in a row's arithmetic
+// Threads: ranges of rows (parallel_ranges: one dispatched call per range, from
+// target-independent code); each row is computed by one thread, and nothing in a row's arithmetic
 // depends on which rows share a thread, so results are independent of the thread count. The ragged
 // end of a row goes through the same vector code in a zero-padded vector (zeros add nothing to the
 // sum of squares).
@@ -162,14 +162,14 @@ int gain_kind(const TensorView& g) {
 void rms_norm(const float* x, int64_t rows, int64_t D, const TensorView& gain, float eps,
               bool bf16_out, float* y) {
   const int kind = gain_kind(gain);
-  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+  parallel_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
     HWY_DYNAMIC_DISPATCH(RmsNormRows)
     (x + r0 * D, r1 - r0, D, gain.data, kind, eps, bf16_out, y + r0 * D);
   });
 }
 
 void l2_norm(const float* x, int64_t rows, int64_t D, float eps, float scale, float* y) {
-  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+  parallel_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
     HWY_DYNAMIC_DISPATCH(L2NormRows)(x + r0 * D, r1 - r0, D, eps, scale, y + r0 * D);
   });
 }
@@ -178,7 +178,7 @@ void gated_rms_norm(const float* o, const float* gate, int64_t rows, int64_t D,
                     const TensorView& gain, float eps, bool bf16_out, float* y) {
   assert(gain.data != nullptr);
   const int kind = gain_kind(gain);
-  for_static_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
+  parallel_ranges(rows, rows * D > kParallelMinWork, [&](int64_t r0, int64_t r1) {
     HWY_DYNAMIC_DISPATCH(GatedRmsNormRows)
     (o + r0 * D, gate + r0 * D, r1 - r0, D, gain.data, kind, eps, bf16_out, y + r0 * D);
   });

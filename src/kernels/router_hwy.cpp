@@ -11,8 +11,8 @@
 // same sequential sum, same division and scaling), so for identical scores ids and weights are
 // bitwise identical; the scores themselves differ from libm's by the Exp ulp bound.
 //
-// Threads: tokens are split statically (static_ranges.h), one thread per token; nothing depends
-// on the split.
+// Threads: ranges of tokens (parallel_ranges), each token on one thread; nothing depends on the
+// split.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/router_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -122,7 +122,7 @@ void route_sigmoid_topk(const float* logits, const float* bias, int64_t T, int64
                         const RouterOptions& opt, int32_t* ids, float* weights, float* scratch) {
   assert(opt.top_k >= 1 && opt.top_k <= E);
   const int64_t K = opt.top_k;
-  for_static_ranges(T, T * E * K > kParallelMinWork, [&](int64_t t0, int64_t t1) {
+  parallel_ranges(T, T * E * K > kParallelMinWork, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(RouteTokens)
     (logits + t0 * E, bias, t1 - t0, E, K, opt.renormalize, opt.scaling, opt.bias_in_weights,
      ids + t0 * K, weights + t0 * K, scratch + t0 * E);

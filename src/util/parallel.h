@@ -90,20 +90,4 @@ void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
   parallel_split(n, threads, fn);
 }
 
-// fn(i) on `ways` tasks that split a range statically: task i of `ways` takes
-// [count * i / ways, count * (i + 1) / ways) (empty ranges skipped); `ways` = the thread count,
-// or 1 when !parallel.
-template <typename Fn>
-void for_static_ranges(int64_t count, bool parallel, const Fn& body) {
-  const int64_t ways = parallel ? std::min<int64_t>(parallel_threads(), count) : 1;
-  if (ways <= 1) {
-    if (count > 0) body(int64_t{0}, count);
-    return;
-  }
-  parallel_tasks(ways, [&](int64_t i) {
-    const int64_t begin = count * i / ways, end = count * (i + 1) / ways;
-    if (begin < end) body(begin, end);
-  });
-}
-
 }  // namespace attnres
