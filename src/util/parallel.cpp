@@ -205,22 +205,22 @@ void parallel_split(int64_t n, int64_t threads, RangeRef fn) {
       }
       // Steal the back half of the largest range left.
       int64_t victim = -1, left = 0;
+      uint64_t seen = 0;  // the victim's word as the scan read it
       for (int64_t j = 0; j < threads; ++j) {
         const uint64_t v = slots[j].word.load(std::memory_order_acquire);
         if (End(v) - Next(v) > left) {
           left = End(v) - Next(v);
           victim = j;
+          seen = v;
         }
       }
       if (victim < 0) return;  // nothing left anywhere
-      uint64_t v = slots[victim].word.load(std::memory_order_acquire);
-      const int64_t rest = End(v) - Next(v);
-      if (rest <= 0) continue;
-      const int64_t mid = End(v) - (rest + 1) / 2;  // the back half, the larger if odd
-      if (!slots[victim].word.compare_exchange_strong(v, Pack(Next(v), mid),
+      // The back half, the larger if odd.
+      const int64_t mid = End(seen) - (left + 1) / 2;
+      if (!slots[victim].word.compare_exchange_strong(seen, Pack(Next(seen), mid),
                                                       std::memory_order_acq_rel))
-        continue;  // it changed meanwhile: look again
-      own.word.store(Pack(mid, End(v)), std::memory_order_release);
+        continue;  // it changed since the scan: look again
+      own.word.store(Pack(mid, End(seen)), std::memory_order_release);
     }
   });
 }

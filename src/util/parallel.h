@@ -20,18 +20,21 @@
 
 namespace attnres {
 
-// A non-owning reference to a callable void(int64_t), valid while the callable lives.
-class TaskRef {
+// A non-owning reference to a callable void(Args...), valid while the callable lives.
+template <typename... Args>
+class CallRef {
  public:
   template <typename F>
-  TaskRef(const F& f)  // NOLINT: implicit by design
-      : obj_(&f), call_([](const void* o, int64_t i) { (*static_cast<const F*>(o))(i); }) {}
-  void operator()(int64_t i) const { call_(obj_, i); }
+  CallRef(const F& f)  // NOLINT: implicit by design
+      : obj_(&f), call_([](const void* o, Args... a) { (*static_cast<const F*>(o))(a...); }) {}
+  void operator()(Args... a) const { call_(obj_, a...); }
 
  private:
   const void* obj_;
-  void (*call_)(const void*, int64_t);
+  void (*call_)(const void*, Args...);
 };
+using TaskRef = CallRef<int64_t>;            // task(i)
+using RangeRef = CallRef<int64_t, int64_t>;  // fn(begin, end)
 
 // The physical cores this process may run on (its CPU affinity; SMT siblings count once), >= 1.
 int physical_cores();
@@ -44,20 +47,6 @@ void set_parallel_threads(int threads);
 // task(i) for every i in [0, n); returns when all have returned. One thread, or n == 1, or a
 // call from inside a task: all on the calling thread, in order.
 void parallel_tasks(int64_t n, TaskRef task);
-
-// A non-owning reference to a callable void(int64_t begin, int64_t end), valid while it lives.
-class RangeRef {
- public:
-  template <typename F>
-  RangeRef(const F& f)  // NOLINT: implicit by design
-      : obj_(&f),
-        call_([](const void* o, int64_t b, int64_t e) { (*static_cast<const F*>(o))(b, e); }) {}
-  void operator()(int64_t b, int64_t e) const { call_(obj_, b, e); }
-
- private:
-  const void* obj_;
-  void (*call_)(const void*, int64_t, int64_t);
-};
 
 // fn(lo, hi) over [0, n) on `threads` tasks, in contiguous ranges, with the work balanced by
 // stealing. Task i owns [n i / threads, n (i + 1) / threads) and runs it front to back in
