@@ -97,8 +97,8 @@ TEST(ParallelSplit, PiecesTileTheRange) {
   }
 }
 
-// A thread held up in a piece holds up the region by that piece only: while the caller stays
-// in its first piece, the worker runs its own range and then steals the rest of the caller's.
+// A thread held up in a piece holds up the region by that piece only: while whichever thread
+// took the first piece stays in it, the other runs its own share and steals the rest.
 TEST(ParallelSplit, AnotherThreadTakesWhatAHeldThreadLeaves) {
   ThreadCount tc(2);
   const int64_t n = 64;
@@ -113,23 +113,34 @@ TEST(ParallelSplit, AnotherThreadTakesWhatAHeldThreadLeaves) {
     });
   }
   ASSERT_TRUE(worker_ran) << "the pool's worker never ran a task";
-  std::atomic<int64_t> caller_items{0}, worker_items{0};
-  std::atomic<int> caller_pieces{0};
+  std::atomic<bool> first{true};
+  std::atomic<int64_t> held_items{0}, other_items{0};
+  std::mutex m;
+  std::thread::id held;
+  std::vector<std::thread::id> others;
   parallel_split(n, 2, [&](int64_t b, int64_t e) {
-    if (std::this_thread::get_id() != caller) {
-      worker_items += e - b;
+    if (!first.exchange(false)) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        others.push_back(std::this_thread::get_id());
+      }
+      other_items += e - b;
       return;
     }
-    caller_items += e - b;
-    ++caller_pieces;
-    // Held until the worker has run the rest (bounded, should the worker never start).
+    {
+      std::lock_guard<std::mutex> lock(m);
+      held = std::this_thread::get_id();
+    }
+    held_items += e - b;
+    // Held until the other thread has run the rest (bounded, should it never start).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (caller_items + worker_items < n && std::chrono::steady_clock::now() < deadline)
+    while (held_items + other_items < n && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
-  EXPECT_EQ(caller_items + worker_items, n);
-  EXPECT_EQ(caller_pieces.load(), 1);
-  EXPECT_LE(caller_items.load(), n / 4) << "at most half of the caller's share";
+  EXPECT_EQ(held_items + other_items, n);
+  EXPECT_LE(held_items.load(), n / 4) << "at most half of the held thread's share";
+  EXPECT_FALSE(others.empty());
+  for (const auto& id : others) EXPECT_NE(id, held) << "the held thread ran a second piece";
 }
 
 }  // namespace
