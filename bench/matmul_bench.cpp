@@ -251,10 +251,12 @@ BENCHMARK(BM_GemvMxfp4)
 // the GEMV benchmarks; of_read_paired pairs each batch with a STREAM read pass over as many
 // bytes of other experts (contiguous), mean_GB/s is total bytes / total batch time. hot = 1
 // reuses the same experts (cache-resident): the rate the decode arithmetic allows, to compare
-// with the cold rate and with a core's share of the read bandwidth.
+// with the cold rate and with a core's share of the read bandwidth. quads = 1: the experts' codes
+// in row quads (util/mxfp4_quads.h), as the loader stores them in private memory.
 void BM_GemvMxfp4Experts(benchmark::State& state) {
   context_once();
   const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
+  const Layout codes = state.range(4) != 0 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   // hot = 1: the same `active` experts every step, so their weights stay in cache and the rate
   // is what the kernel's arithmetic allows (the read pass then reads cached bytes too).
   const bool hot = state.range(3) != 0;
@@ -279,7 +281,7 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
         const int64_t e = ids[static_cast<size_t>(a)] * 2 + m;
         MatmulJob& j = jobs[static_cast<size_t>(2 * a + m)];
         j = mxfp4_job(x.data(), 1, packed.data() + e * pb, scale.data() + e * ps, N, K,
-                      y.data() + (2 * a + m) * N);
+                      y.data() + (2 * a + m) * N, codes);
         j.xh = xh.data();
       }
     best.time([&] { matmul_batch(jobs.data(), 2 * active); });
@@ -301,10 +303,9 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
                                      static_cast<double>(state.iterations()) / read.total() * 1e-9;
 }
 BENCHMARK(BM_GemvMxfp4Experts)
-    ->ArgNames({"E_act", "N", "K", "hot"})
-    ->Args({8, 512, 512, 0})
-    ->Args({8, 512, 512, 1})
-    ->Args({16, 3072, 3584, 0})
+    ->ArgNames({"E_act", "N", "K", "hot", "quads"})
+    ->ArgsProduct({{8}, {512}, {512}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{16}, {3072}, {3584}, {0}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -559,11 +560,12 @@ BENCHMARK(BM_GemmMxfp4)
 // k3-mini's 256 tokens, top-8 of 256 experts: mostly 3-16 tokens). Reported against the
 // vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). Fewer
 // than kMxfp4DecodeOnceMinTokens tokens take the register-decode tiles, more the decoded-rows
-// path (matmul_hwy.cpp).
+// path (matmul_hwy.cpp). quads = 1: the codes in row quads, as loaded into private memory.
 void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   context_once();
   const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
   const bool routed = state.range(4) != 0;
+  const Layout codes = state.range(5) != 0 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   std::vector<int64_t> count(static_cast<size_t>(E), T);
   if (routed) {
     std::fill(count.begin(), count.end(), 0);
@@ -588,7 +590,7 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
       const int64_t n = count[static_cast<size_t>(e)];
       if (n == 0) continue;
       MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
-                              scale.data() + (e0 + e) * ps, N, K, y.data() + row * N);
+                              scale.data() + (e0 + e) * ps, N, K, y.data() + row * N, codes);
       j.xh = xh.data() + row * K;
       jobs.push_back(j);
       row += n;
@@ -603,21 +605,11 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   state.counters["best_of_peak"] = gflop / best.seconds() / peak;
 }
 BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
-    ->ArgNames({"E", "T", "N", "K", "routed"})
-    ->Args({64, 2, 512, 1024, 0})
-    ->Args({64, 4, 512, 1024, 0})
-    ->Args({64, 5, 512, 1024, 0})
-    ->Args({64, 6, 512, 1024, 0})
-    ->Args({64, 7, 512, 1024, 0})
-    ->Args({64, 8, 512, 1024, 0})
-    ->Args({64, 12, 512, 1024, 0})
-    ->Args({64, 16, 512, 1024, 0})
-    ->Args({64, 24, 512, 1024, 0})
-    ->Args({64, 32, 512, 1024, 0})
-    ->Args({64, 64, 512, 1024, 0})
-    ->Args({256, 8, 512, 512, 0})
-    ->Args({256, 16, 512, 512, 0})
-    ->Args({256, 8, 512, 512, 1})  // k3-mini's routed experts for a 256-token prefill chunk
+    ->ArgNames({"E", "T", "N", "K", "routed", "quads"})
+    ->ArgsProduct({{64}, {2, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64}, {512}, {1024}, {0}, {0, 1}})
+    ->ArgsProduct({{256}, {8, 16}, {512}, {512}, {0}, {0, 1}})
+    // k3-mini's routed experts for a 256-token prefill chunk
+    ->ArgsProduct({{256}, {8}, {512}, {512}, {1}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

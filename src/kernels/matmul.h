@@ -56,7 +56,12 @@ void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const ui
 // another job of the batch reads.
 // kBF16Lanes: BF16 weights in the lane-packed layout (matmul_lanes.h: its arithmetic and bits,
 // with xh or x alike); rows are split over threads in whole groups of 64.
-enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4, kBF16Lanes };
+// kMxfp4Quads: MXFP4 weights whose packed codes lie in row quads (util/mxfp4_quads.h): the
+// arithmetic and bits of kMxfp4; rows are split over threads in whole quads.
+enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4, kBF16Lanes, kMxfp4Quads };
+inline bool is_mxfp4(WeightKind k) {
+  return k == WeightKind::kMxfp4 || k == WeightKind::kMxfp4Quads;
+}
 
 struct MatmulJob {
   const float* x = nullptr;  // [T, K] f32
@@ -70,7 +75,7 @@ struct MatmulJob {
   const bf16* xh = nullptr;
   int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;
-  const void* w = nullptr;         // [N, K] f32 or bf16 (kBF16Lanes: packed); MXFP4: [N, K/2]
+  const void* w = nullptr;         // [N, K] f32 or bf16 (kBF16Lanes: packed); MXFP4: codes [N, K/2]
   const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise
   int64_t N = 0, K = 0;
   float* y = nullptr;  // [T, N] f32, rows ldy apart
@@ -90,8 +95,10 @@ MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t 
 // The same over a plain bf16 matrix w [N, K] (widened exactly: the same values as f32_job on
 // the widened matrix).
 MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y);
+// An MXFP4 job; `codes` says how the packed codes lie (kRowMajor or kMxfp4Quads, which needs
+// mxfp4_quads_fit(N, K)).
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
-                    int64_t N, int64_t K, float* y);
+                    int64_t N, int64_t K, float* y, Layout codes = Layout::kRowMajor);
 
 // Bytes of one weight row of the job (MXFP4: packed values and scales), and of all the weights
 // it reads (N rows, without a lane-packed matrix's padding; 0 when T = 0, which reads nothing).

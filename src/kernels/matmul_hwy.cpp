@@ -54,6 +54,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
+#include "util/mxfp4_quads.h"
 #include "util/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -266,30 +267,79 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, uint8_t s, VF* HWY_RE
 #endif
 }
 
-// The first tile over a group of MXFP4 rows (the only one at decode) streams them from memory:
-// prefetch block b of the rows kMxfp4PrefetchTiles tiles ahead (one line per 4 blocks, and their
-// scales one line per 64 blocks), as in DenseTile.
-constexpr int kMxfp4PrefetchTiles = 4;
-HWY_INLINE void Mxfp4PrefetchNext(const uint8_t* packed, const uint8_t* scale, int64_t N, int64_t K,
-                                  int64_t n0, int NR, int64_t b) {
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
-  for (int r = 0; r < NR; ++r) {
-    const int64_t n = n0 + kMxfp4PrefetchTiles * NR + r;
-    if (n >= N) break;
-    if ((b & 3) == 0) PrefetchL2(packed + n * row_bytes + b * 16);
-    if ((b & 63) == 0) PrefetchL2(scale + n * row_scales + b);
+// Where an MXFP4 matrix's packed codes lie: row-major, or in row quads (util/mxfp4_quads.h; a
+// compile-time choice, so each layout's tiles compute their addresses as plainly as they can).
+// In either layout a pair of blocks of a row (b even) is 32 contiguous bytes, so the decode of a
+// pair, and every output's arithmetic, does not depend on the layout; only the addresses do.
+template <bool kQuadsT>
+struct Mxfp4Codes {
+  static constexpr bool kQuads = kQuadsT;
+  // Bytes from a row's pair of blocks to its next pair.
+  static constexpr int64_t kPairStep = kQuads ? kMxfp4QuadPairBytes : 32;
+  const uint8_t* p;
+  int64_t K;
+  HWY_INLINE const uint8_t* Row(int64_t n) const {
+    return p + (kQuads ? mxfp4_quads_row_offset(n, K) : n * (K / 2));
   }
-}
+  // Block b of the row that starts at `row`.
+  static HWY_INLINE const uint8_t* Block(const uint8_t* row, int64_t b) {
+    return row + (b >> 1) * kPairStep + (b & 1) * 16;
+  }
+};
+
+// The first tile over a group of MXFP4 rows (the only one at decode) streams them from memory:
+// it prefetches the rows kMxfp4PrefetchTiles tiles ahead as it walks its own blocks (each line
+// of their codes once, their scales one line per 64 blocks), as in DenseTile. Row-major: a line
+// holds 4 blocks of a row. Row quads: a pair of blocks of the quad that holds the first row
+// ahead is two lines; a 3-row tile's rows ahead may reach into the next quad, which the next
+// tile's prefetch covers.
+constexpr int kMxfp4PrefetchTiles = 4;
+template <int NR, class Codes>
+class Mxfp4Ahead {
+ public:
+  HWY_INLINE Mxfp4Ahead(const Codes& codes, const uint8_t* scale, int64_t N, int64_t n0)
+      : row_bytes_(codes.K / 2), row_scales_(codes.K / kMxfp4BlockSize) {
+    const int64_t n = n0 + kMxfp4PrefetchTiles * NR;
+    live_ = static_cast<int>(std::clamp<int64_t>(N - n, 0, NR));
+    const int64_t first = live_ > 0 ? n : 0;  // no address past the matrix
+    code_ = codes.Row(Codes::kQuads ? first - first % kMxfp4QuadRows : first);
+    scale_ = scale + first * row_scales_;
+  }
+  // Called at block b of the tile's walk.
+  HWY_INLINE void operator()(int64_t b) const {
+    if constexpr (Codes::kQuads) {
+      if (live_ > 0 && (b & 1) == 0) {
+        PrefetchL2(code_ + (b >> 1) * kMxfp4QuadPairBytes);
+        PrefetchL2(code_ + (b >> 1) * kMxfp4QuadPairBytes + 64);
+      }
+    } else if ((b & 3) == 0) {
+      for (int r = 0; r < NR && r < live_; ++r) PrefetchL2(code_ + r * row_bytes_ + b * 16);
+    }
+    if ((b & 63) == 0)
+      for (int r = 0; r < NR && r < live_; ++r) PrefetchL2(scale_ + r * row_scales_ + b);
+  }
+
+ private:
+  const uint8_t* code_;
+  const uint8_t* scale_;
+  int64_t row_bytes_, row_scales_;
+  int live_;  // rows ahead that exist
+};
 
 // Rows [n_begin, n_end) whole (packed bytes and scales): what a run of prefetching tiles reads
-// before Mxfp4PrefetchNext's distance is reached, fetched at the run's start so its first tiles
+// before Mxfp4Ahead's distance is reached, fetched at the run's start so its first tiles
 // do not wait on memory behind a cold hardware prefetcher (each expert matrix, and each thread's
 // share of a batch, starts such a run). k3-mini decode, in-model expert batches alternated in
 // 8 ms windows of the same runs: 1.9-2.4% shorter (three runs).
-HWY_INLINE void Mxfp4PrefetchRows(const uint8_t* packed, const uint8_t* scale, int64_t K,
-                                  int64_t n_begin, int64_t n_end) {
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
-  for (int64_t a = n_begin * row_bytes; a < n_end * row_bytes; a += 64) PrefetchL2(packed + a);
+template <class Codes>
+HWY_INLINE void Mxfp4PrefetchRows(const Codes& codes, const uint8_t* scale, int64_t n_begin,
+                                  int64_t n_end) {
+  const int64_t row_bytes = codes.K / 2, row_scales = codes.K / kMxfp4BlockSize;
+  if constexpr (Codes::kQuads) {  // the whole quads that hold the rows
+    n_begin -= n_begin % kMxfp4QuadRows;
+    n_end += (kMxfp4QuadRows - n_end % kMxfp4QuadRows) % kMxfp4QuadRows;
+  }
+  for (int64_t a = n_begin * row_bytes; a < n_end * row_bytes; a += 64) PrefetchL2(codes.p + a);
   for (int64_t a = n_begin * row_scales; a < n_end * row_scales; a += 64) PrefetchL2(scale + a);
 }
 
@@ -322,12 +372,14 @@ HWY_INLINE void DecodeBlockEvenOdd(const uint8_t* HWY_RESTRICT p, uint8_t s, __m
 
 // AVX3 tile: per 32-element block, each token's x is split into even and odd k (two vpermt2ps,
 // shared by the NR rows) and each accumulator lane j takes k = 32b + 2j, then 32b + 2j + 1.
-template <int MR, int NR>
-HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
-                            const uint8_t* packed, const uint8_t* scale, int64_t n0,
-                            float* HWY_RESTRICT y, int64_t ldy) {
+template <int MR, int NR, class Codes>
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K, const Codes& codes,
+                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const int64_t row_scales = K / kMxfp4BlockSize;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = codes.Row(n0 + r);
+  const Mxfp4Ahead<NR, Codes> ahead(codes, scale, N, n0);
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
   const __m512i even_idx =
       _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -337,11 +389,11 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
   for (int64_t b = 0; b < row_scales; ++b) {
-    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (MR == 1) ahead(b);
     VF we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
-      DecodeBlockEvenOdd(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b],
-                         values, we[r], wo[r]);
+      DecodeBlockEvenOdd(codes.Block(rows[r], b), scale[(n0 + r) * row_scales + b], values, we[r],
+                         wo[r]);
     const float* xb = x + b * kMxfp4BlockSize;
     for (int m = 0; m < MR; ++m) {
       const __m512 x0 = _mm512_loadu_ps(xb + m * K), x1 = _mm512_loadu_ps(xb + m * K + 16);
@@ -359,21 +411,23 @@ HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
 
 #else  // other targets: decode to k-ordered vectors
 
-template <int MR, int NR>
-HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K,
-                            const uint8_t* packed, const uint8_t* scale, int64_t n0,
-                            float* HWY_RESTRICT y, int64_t ldy) {
+template <int MR, int NR, class Codes>
+HWY_NOINLINE void Mxfp4Tile(const float* HWY_RESTRICT x, int64_t N, int64_t K, const Codes& codes,
+                            const uint8_t* scale, int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const int64_t row_scales = K / kMxfp4BlockSize;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = codes.Row(n0 + r);
+  const Mxfp4Ahead<NR, Codes> ahead(codes, scale, N, n0);
   VF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = hn::Zero(df);
   for (int64_t b = 0; b < row_scales; ++b) {
-    if constexpr (MR == 1) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (MR == 1) ahead(b);
     VF wv[NR][kBlockVecs];  // decoded block of each row
     for (int r = 0; r < NR; ++r)
-      DecodeBlock(packed + (n0 + r) * row_bytes + b * 16, scale[(n0 + r) * row_scales + b], wv[r]);
+      DecodeBlock(codes.Block(rows[r], b), scale[(n0 + r) * row_scales + b], wv[r]);
     const float* xb = x + b * kMxfp4BlockSize;
     for (int j = 0; j < kBlockVecs; ++j) {
       for (int m = 0; m < MR; ++m) {
@@ -753,15 +807,16 @@ ATTNRES_BF16_DOT HWY_INLINE void SplitTokenPair(const uint16_t* HWY_RESTRICT p, 
   xo = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(x0, ix.odd_idx, x1));
 }
 
-// Blocks b and b + 1 (b even) of a row (its packed bytes and scales) decoded to bf16: we holds
-// the even elements, wo the odd ones, in the lanes SplitTokenPair puts the tokens' values.
-ATTNRES_BF16_DOT HWY_INLINE void DecodePairBf16(const uint8_t* HWY_RESTRICT packed_row,
+// Blocks b and b + 1 (b even) of a row (the pair's 32 packed bytes, and the row's scales)
+// decoded to bf16: we holds the even elements, wo the odd ones, in the lanes SplitTokenPair puts
+// the tokens' values.
+ATTNRES_BF16_DOT HWY_INLINE void DecodePairBf16(const uint8_t* HWY_RESTRICT pair,
                                                 const uint8_t* HWY_RESTRICT scale_row, int64_t b,
                                                 const ScaledBf16Tables& tables, const PairIndex& ix,
                                                 __m512bh& we, __m512bh& wo) {
   const __m512i table = PairTable(tables, scale_row[b], scale_row[b + 1]);
-  const __m512i w = _mm512_cvtepu8_epi16(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed_row + b * 16)));
+  const __m512i w =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
   // (w & 0x0f) | second, and (w >> 4) | second (w < 256, so w >> 4 < 16)
   const __m512i ie = _mm512_ternarylogic_epi32(w, ix.low4, ix.second, 0xEA);
   const __m512i io = _mm512_or_si512(_mm512_srli_epi16(w, 4), ix.second);
@@ -798,29 +853,34 @@ ATTNRES_BF16_DOT HWY_INLINE void SplitTokens(const uint16_t* HWY_RESTRICT x, int
 // Rows n0 .. n0 + nr - 1 of the N decoded into out; each row's packed bytes and scales one row
 // group (nr rows) ahead are prefetched meanwhile, so the next call finds its rows in L2 (the
 // tiles that use a group's rows read no memory, which leaves the hardware prefetcher idle).
-ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uint8_t* scale,
-                                                int64_t N, int64_t K, int64_t n0, int nr,
-                                                const ScaledBf16Tables& tables, const PairIndex& ix,
-                                                uint16_t* HWY_RESTRICT out) {
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+template <class Codes>
+ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const Codes& codes, const uint8_t* scale, int64_t N,
+                                                int64_t n0, int nr, const ScaledBf16Tables& tables,
+                                                const PairIndex& ix, uint16_t* HWY_RESTRICT out) {
+  const int64_t K = codes.K, row_scales = K / kMxfp4BlockSize;
   const __m512 values = _mm512_loadu_ps(kE2m1Values);
   for (int r = 0; r < nr; ++r) {
-    const uint8_t* pr = packed + (n0 + r) * row_bytes;
+    const uint8_t* pr = codes.Row(n0 + r);
     const uint8_t* sr = scale + (n0 + r) * row_scales;
     uint16_t* o = out + r * K;
     const bool ahead = n0 + nr + r < N;
+    // Each line of the row nr on once: row-major every 4 blocks; in row quads every pair, in the
+    // even row of the two that share the line.
+    const uint8_t* pr_ahead = codes.Row(n0 + nr + r);
+    const bool fetch = ahead && (!Codes::kQuads || (n0 + nr + r) % 2 == 0);
+    constexpr int64_t kMask = Codes::kQuads ? 1 : 3;
     int64_t b = 0;
     for (; b + 2 <= row_scales; b += 2) {
-      if (ahead && (b & 3) == 0) PrefetchL2(pr + nr * row_bytes + b * 16);
+      if (fetch && (b & kMask) == 0) PrefetchL2(codes.Block(pr_ahead, b));
       if (ahead && (b & 63) == 0) PrefetchL2(sr + nr * row_scales + b);
       __m512bh we, wo;
-      DecodePairBf16(pr, sr, b, tables, ix, we, wo);
+      DecodePairBf16(codes.Block(pr, b), sr, b, tables, ix, we, wo);
       _mm512_storeu_si512(o + b * kMxfp4BlockSize, reinterpret_cast<__m512i>(we));
       _mm512_storeu_si512(o + b * kMxfp4BlockSize + 32, reinterpret_cast<__m512i>(wo));
     }
     if (b < row_scales)
-      _mm512_storeu_si512(o + b * kMxfp4BlockSize,
-                          reinterpret_cast<__m512i>(DecodeBlockBf16(pr + b * 16, sr[b], values)));
+      _mm512_storeu_si512(o + b * kMxfp4BlockSize, reinterpret_cast<__m512i>(DecodeBlockBf16(
+                                                       codes.Block(pr, b), sr[b], values)));
   }
 }
 
@@ -837,24 +897,26 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const uint8_t* packed, const uin
 // decodes a row per 7 tokens instead of 8 x 2's 8, but keeps 21 independent vdpbf16ps chains
 // instead of 16.
 constexpr int kMRs = 7, kNRs = 3;
-template <int MR, int NR, bool kPrefetch>
+template <int MR, int NR, bool kPrefetch, class Codes>
 ATTNRES_BF16_DOT HWY_INLINE void Mxfp4SplitGroup(const uint16_t* HWY_RESTRICT xs, int64_t N,
-                                                 int64_t K, const uint8_t* packed,
-                                                 const uint8_t* scale, int64_t n0,
-                                                 const ScaledBf16Tables& tables,
+                                                 const Codes& codes, const uint8_t* scale,
+                                                 int64_t n0, const ScaledBf16Tables& tables,
                                                  const PairIndex& ix, float* HWY_RESTRICT y,
                                                  int64_t ldy) {
-  const int64_t row_bytes = K / 2, row_scales = K / kMxfp4BlockSize;
+  const int64_t K = codes.K, row_scales = K / kMxfp4BlockSize;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = codes.Row(n0 + r);
+  const Mxfp4Ahead<NR, Codes> ahead(codes, scale, N, n0);  // used by the prefetching tile only
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= row_scales; b += 2) {
-    if constexpr (kPrefetch) Mxfp4PrefetchNext(packed, scale, N, K, n0, NR, b);
+    if constexpr (kPrefetch) ahead(b);
     __m512bh we[NR], wo[NR];
     for (int r = 0; r < NR; ++r)
-      DecodePairBf16(packed + (n0 + r) * row_bytes, scale + (n0 + r) * row_scales, b, tables, ix,
-                     we[r], wo[r]);
+      DecodePairBf16(rows[r] + (b >> 1) * Codes::kPairStep, scale + (n0 + r) * row_scales, b,
+                     tables, ix, we[r], wo[r]);
     for (int m = 0; m < MR; ++m) {
       const __m512bh xe = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize);
       const __m512bh xo = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize + 32);
@@ -869,8 +931,7 @@ ATTNRES_BF16_DOT HWY_INLINE void Mxfp4SplitGroup(const uint16_t* HWY_RESTRICT xs
     __m512bh wv[NR];
 #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
-      wv[r] = DecodeBlockBf16(packed + (n0 + r) * row_bytes + b * 16,
-                              scale[(n0 + r) * row_scales + b], values);
+      wv[r] = DecodeBlockBf16(codes.Block(rows[r], b), scale[(n0 + r) * row_scales + b], values);
 #pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = LoadBf16x32(xs + m * K + b * kMxfp4BlockSize);
@@ -881,13 +942,12 @@ ATTNRES_BF16_DOT HWY_INLINE void Mxfp4SplitGroup(const uint16_t* HWY_RESTRICT xs
   StoreTileSums<MR, NR>(acc, y, ldy, 1);
 }
 
-template <int MR, int NR, bool kPrefetch>
+template <int MR, int NR, bool kPrefetch, class Codes>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT xs, int64_t N,
-                                                  int64_t K, const uint8_t* packed,
-                                                  const uint8_t* scale, int64_t n0,
-                                                  float* HWY_RESTRICT y, int64_t ldy) {
-  Mxfp4SplitGroup<MR, NR, kPrefetch>(xs, N, K, packed, scale, n0, ScaledTables(), MakePairIndex(),
-                                     y, ldy);
+                                                  const Codes& codes, const uint8_t* scale,
+                                                  int64_t n0, float* HWY_RESTRICT y, int64_t ldy) {
+  Mxfp4SplitGroup<MR, NR, kPrefetch>(xs, N, codes, scale, n0, ScaledTables(), MakePairIndex(), y,
+                                     ldy);
 }
 
 // `groups` consecutive tiles of NR rows from n_begin in one call: the tables, index vectors and
@@ -896,16 +956,15 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTile(const uint16_t* HWY_RESTRICT x
 // 4.72-4.85 cycles per pair of blocks and row, 3 tokens 1.96-2.04 against 2.55-2.64 per token.
 // Tiles of more tokens keep one call per tile: with the loop around them the 5-7-token tiles
 // ran slower (7 x 3: 1.83-2.16 against 1.62-1.63 per token).
-template <int MR, int NR, bool kPrefetch>
+template <int MR, int NR, bool kPrefetch, class Codes>
 ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTiles(const uint16_t* HWY_RESTRICT xs, int64_t N,
-                                                   int64_t K, const uint8_t* packed,
-                                                   const uint8_t* scale, int64_t n_begin,
-                                                   int64_t groups, float* HWY_RESTRICT y,
-                                                   int64_t ldy) {
+                                                   const Codes& codes, const uint8_t* scale,
+                                                   int64_t n_begin, int64_t groups,
+                                                   float* HWY_RESTRICT y, int64_t ldy) {
   const ScaledBf16Tables& tables = ScaledTables();
   const PairIndex ix = MakePairIndex();
   for (int64_t g = 0; g < groups; ++g)
-    Mxfp4SplitGroup<MR, NR, kPrefetch>(xs, N, K, packed, scale, n_begin + g * NR, tables, ix,
+    Mxfp4SplitGroup<MR, NR, kPrefetch>(xs, N, codes, scale, n_begin + g * NR, tables, ix,
                                        y + g * NR, ldy);
 }
 
@@ -917,17 +976,19 @@ ATTNRES_BF16_DOT HWY_NOINLINE void Mxfp4SplitTiles(const uint16_t* HWY_RESTRICT 
 // otherwise (register budget). 5 tokens take 5 x 4 tiles (one thread, one [512, 512] expert in
 // L2: 0.55-0.56 of the peak against 0.34-0.35 for 5 x 3; 6 x 4 tiles ran 0.48 against 6 x 3's
 // 0.52-0.53).
+template <class Codes>
 ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0, int64_t N,
-                                     int64_t K, const uint8_t* packed, const uint8_t* scale,
-                                     int64_t row_begin, int64_t row_end, float* y, int64_t ldy) {
+                                     const Codes& codes, const uint8_t* scale, int64_t row_begin,
+                                     int64_t row_end, float* y, int64_t ldy) {
+  const int64_t K = codes.K;
   const int64_t tl = std::max<int64_t>(kMRs, (16 << 10) / (K * 2));
   const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t n, int64_t /*rs = 1*/) {
     constexpr int MR = decltype(mr)::value, NR = decltype(nrc)::value;
     float* yt = y + (t0 + t) * ldy + n;
     if (t0 + t == 0)  // the first tile over the rows prefetches
-      Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+      Mxfp4SplitTile<MR, NR, true>(xs + t * K, N, codes, scale, n, yt, ldy);
     else
-      Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, K, packed, scale, n, yt, ldy);
+      Mxfp4SplitTile<MR, NR, false>(xs + t * K, N, codes, scale, n, yt, ldy);
   };
   ForEachEqualPart(tn, (tn + tl - 1) / tl, [&](int64_t t1, int64_t m) {  // sub-blocks
     const int64_t tiles = (m + kMRs - 1) / kMRs, largest = (m + tiles - 1) / tiles;
@@ -935,7 +996,7 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
     const auto rows = [&](auto nrc, auto mr_max) {
       constexpr int NR = decltype(nrc)::value, MRmax = decltype(mr_max)::value;
       if (t0 + t1 == 0)  // the prefetching tiles' run starts here
-        Mxfp4PrefetchRows(packed, scale, K, row_begin,
+        Mxfp4PrefetchRows(codes, scale, row_begin,
                           std::min(row_end, row_begin + kMxfp4PrefetchTiles * NR));
       int64_t n = row_begin;
       if constexpr (NR == 4 && MRmax == 4) {
@@ -945,9 +1006,9 @@ ATTNRES_BF16_DOT void Mxfp4SplitRows(const uint16_t* xs, int64_t tn, int64_t t0,
           WithCount<4>(static_cast<int>(m), [&](auto mr) {
             constexpr int MR = decltype(mr)::value;
             if (t0 + t1 == 0)
-              Mxfp4SplitTiles<MR, NR, true>(xs + t1 * K, N, K, packed, scale, n, groups, yt, ldy);
+              Mxfp4SplitTiles<MR, NR, true>(xs + t1 * K, N, codes, scale, n, groups, yt, ldy);
             else
-              Mxfp4SplitTiles<MR, NR, false>(xs + t1 * K, N, K, packed, scale, n, groups, yt, ldy);
+              Mxfp4SplitTiles<MR, NR, false>(xs + t1 * K, N, codes, scale, n, groups, yt, ldy);
           });
           n += groups * NR;
         }
@@ -984,9 +1045,11 @@ constexpr int64_t kMxfp4DecodeOnceMinTokens = 11;
 // Tokens in blocks of at most 256 KiB of split values (L2-resident). Per block, fewer than
 // kMxfp4DecodeOnceMinTokens tokens run Mxfp4SplitTile; more decode each group of kNR rows once
 // and apply it to every register tile of the block's tokens.
-ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int64_t K,
-                                   const uint8_t* packed, const uint8_t* scale, int64_t row_begin,
-                                   int64_t row_end, float* y, int64_t ldy) {
+template <class Codes>
+ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, const Codes& codes,
+                                   const uint8_t* scale, int64_t row_begin, int64_t row_end,
+                                   float* y, int64_t ldy) {
+  const int64_t K = codes.K;
   thread_local std::vector<uint16_t> xs_buf, wd_buf;  // grown once per thread, never shrunk
   const int64_t tb = std::max<int64_t>(kMR, (256 << 10) / (K * 2) / kMR * kMR);
   const int64_t tb_used = std::min(T, tb);
@@ -1000,12 +1063,12 @@ ATTNRES_BF16_DOT void Mxfp4DotRows(const uint16_t* x, int64_t T, int64_t N, int6
     const int64_t tn = std::min(tb, T - t0);
     SplitTokens(x + t0 * K, tn, K, ix, xs);
     if (tn < kMxfp4DecodeOnceMinTokens) {
-      Mxfp4SplitRows(xs, tn, t0, N, K, packed, scale, row_begin, row_end, y, ldy);
+      Mxfp4SplitRows(xs, tn, t0, N, codes, scale, row_begin, row_end, y, ldy);
       continue;
     }
     for (int64_t n = row_begin; n < row_end; n += kNR) {
       const int nr = static_cast<int>(std::min<int64_t>(kNR, row_end - n));
-      DecodeRowsBf16(packed, scale, N, K, n, nr, tables, ix, wd);
+      DecodeRowsBf16(codes, scale, N, n, nr, tables, ix, wd);
       // The decoded rows are a [nr, K] matrix whose row i is weight row n + i.
       const auto tile = [&](auto mr, auto nrc, int64_t t, int64_t i, int64_t /*rs = 1*/) {
         DotBf16Tile<decltype(mr)::value, decltype(nrc)::value>(xs + t * K, K, wd, nr, i, 1,
@@ -1051,10 +1114,11 @@ void Mxfp4Matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t
   // MXFP4: consecutive tiles (P = 1, rs = 1). Page-strided tiles over the packed values (256 B
   // rows at K = 512: P = 16) were slower for a decode MoE batch of 8 cold k3-mini experts
   // (0.45-0.65 of a read pass against 0.48-0.76; that kernel is bound by its decode work).
+  const Mxfp4Codes<false> codes{packed, K};
   Drive<kMRq, kNRq>(T, N, K, K / 2 + K / kMxfp4BlockSize, 1,
                     [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
                       Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
-                          x + t * K, N, K, packed, scale, n, y + t * N + n, N);
+                          x + t * K, N, K, codes, scale, n, y + t * N + n, N);
                     });
 }
 
@@ -1074,7 +1138,7 @@ bool JobDotBf16(const MatmulJob& j) {
 // The PageStride a job's rows are walked with: 1 for MXFP4 (see Mxfp4Matmul), for vdpbf16ps
 // work (see WithDotBf16Tiles) and for lane-packed weights (a group is one sequential stream).
 int64_t JobPageStride(const MatmulJob& j) {
-  return j.kind == WeightKind::kMxfp4 || j.kind == WeightKind::kBF16Lanes || JobDotBf16(j)
+  return is_mxfp4(j.kind) || j.kind == WeightKind::kBF16Lanes || JobDotBf16(j)
              ? 1
              : PageStride(j.T, job_row_bytes(j));
 }
@@ -1084,6 +1148,9 @@ int64_t JobGroupRows(const MatmulJob& j) {
   switch (j.kind) {
     case WeightKind::kMxfp4:
       return kNRq;
+    case WeightKind::kMxfp4Quads:  // whole quads: a 4-row tile reads one quad
+      static_assert(kMxfp4QuadRows % kNRq == 0);
+      return kMxfp4QuadRows;
     case WeightKind::kBF16Lanes:
       return kLaneGroupRows;
     case WeightKind::kF32:
@@ -1134,20 +1201,28 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
       dense(F32Rows{j.x, T, K}, Bf16Rows{static_cast<const uint16_t*>(j.w), N, K});
       break;
     }
-    case WeightKind::kMxfp4: {
-      const auto* packed = static_cast<const uint8_t*>(j.w);
+    case WeightKind::kMxfp4:
+    case WeightKind::kMxfp4Quads: {
+      const auto run = [&](const auto& codes) {
 #if HWY_TARGET == HWY_AVX3
-      if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotRows)
-        Mxfp4DotRows(reinterpret_cast<const uint16_t*>(j.xh), T, N, K, packed, j.scale, row_begin,
-                     row_end, y, ldy);
-        break;
-      }
+        if (j.xh != nullptr && cpu_info().avx512bf16) {  // bf16 x: vdpbf16ps (Mxfp4DotRows)
+          Mxfp4DotRows(reinterpret_cast<const uint16_t*>(j.xh), T, N, codes, j.scale, row_begin,
+                       row_end, y, ldy);
+          return;
+        }
 #endif
-      DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
-                             [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
-                               Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
-                                   j.x + t * K, N, K, packed, j.scale, n, y + t * ldy + n, ldy);
-                             });
+        DriveRange<kMRq, kNRq>(T, K, row_bytes, P, row_begin, row_end,
+                               [&](auto mr, auto nr, int64_t t, int64_t n, int64_t /*rs = 1*/) {
+                                 Mxfp4Tile<decltype(mr)::value, decltype(nr)::value>(
+                                     j.x + t * K, N, K, codes, j.scale, n, y + t * ldy + n, ldy);
+                               });
+      };
+      const auto* packed = static_cast<const uint8_t*>(j.w);
+      if (j.kind == WeightKind::kMxfp4Quads) {
+        run(Mxfp4Codes<true>{packed, K});
+      } else {
+        run(Mxfp4Codes<false>{packed, K});
+      }
       break;
     }
     case WeightKind::kBF16Lanes: {
@@ -1323,6 +1398,7 @@ int64_t job_row_bytes(const MatmulJob& j) {
     case WeightKind::kBF16Lanes:
       return j.K * 2;
     case WeightKind::kMxfp4:
+    case WeightKind::kMxfp4Quads:
       break;
   }
   return j.K / 2 + j.K / kMxfp4BlockSize;
@@ -1345,9 +1421,12 @@ MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t 
 }
 
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
-                    int64_t N, int64_t K, float* y) {
+                    int64_t N, int64_t K, float* y, Layout codes) {
   assert(K % kMxfp4BlockSize == 0);
-  MatmulJob j = plain_job(x, T, WeightKind::kMxfp4, packed, N, K, y);
+  assert(codes == Layout::kRowMajor || (codes == Layout::kMxfp4Quads && mxfp4_quads_fit(N, K)));
+  MatmulJob j =
+      plain_job(x, T, codes == Layout::kMxfp4Quads ? WeightKind::kMxfp4Quads : WeightKind::kMxfp4,
+                packed, N, K, y);
   j.scale = scale;
   return j;
 }
@@ -1386,6 +1465,9 @@ void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs) {
             case WeightKind::kMxfp4:
               w = mxfp4_get(static_cast<const uint8_t*>(j.w) + n * (K / 2),
                             j.scale + n * (K / kMxfp4BlockSize), k);
+              break;
+            case WeightKind::kMxfp4Quads:
+              w = mxfp4_quads_get(static_cast<const uint8_t*>(j.w), j.scale, n, k, K);
               break;
           }
           acc += xr[k] * w;

@@ -84,7 +84,7 @@ void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double sec
     bytes += job_weight_bytes(jobs[i]);
     flops += 2.0 * static_cast<double>(jobs[i].T) * static_cast<double>(jobs[i].N) *
              static_cast<double>(jobs[i].K);
-    mxfp4 = mxfp4 || (jobs[i].kind == WeightKind::kMxfp4 && jobs[i].T > 0);
+    mxfp4 = mxfp4 || (is_mxfp4(jobs[i].kind) && jobs[i].T > 0);
   }
   (mxfp4 ? stats.mxfp4_seconds : stats.dense_seconds) += seconds;
   (mxfp4 ? stats.mxfp4_bytes : stats.dense_bytes) += bytes;
@@ -158,7 +158,8 @@ void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* 
 }
 
 MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
-  return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y)
+  return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y,
+                             m.packed.layout)
                  : dense_job(x, T, m.dense, y);
 }
 

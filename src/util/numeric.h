@@ -69,11 +69,16 @@ inline float e8m0_to_f32(uint8_t s) {
 }
 inline constexpr int kMxfp4BlockSize = 32;
 
+// Element k of an MXFP4 row from the byte holding its code (low nibble = even k) and its
+// block's scale byte.
+inline float mxfp4_value(uint8_t byte, int64_t k, uint8_t scale) {
+  const uint8_t code = (k & 1) ? (byte >> 4) : (byte & 0x0f);
+  return kE2m1Values[code] * e8m0_to_f32(scale);
+}
+
 // Element k of an MXFP4 row: packed holds K/2 bytes (low nibble = even k), scale K/32 bytes.
 inline float mxfp4_get(const uint8_t* packed_row, const uint8_t* scale_row, int64_t k) {
-  const uint8_t byte = packed_row[k >> 1];
-  const uint8_t code = (k & 1) ? (byte >> 4) : (byte & 0x0f);
-  return kE2m1Values[code] * e8m0_to_f32(scale_row[k / kMxfp4BlockSize]);
+  return mxfp4_value(packed_row[k >> 1], k, scale_row[k / kMxfp4BlockSize]);
 }
 
 }  // namespace attnres

@@ -66,6 +66,11 @@ TEST(Weights, TinyAShapesFollowTheConfig) {
   EXPECT_EQ(x.w1.scale.shape, (Shape{96, 2}));
   EXPECT_EQ(x.w2.packed.shape, (Shape{64, 48}));
   EXPECT_EQ(x.w2.scale.shape, (Shape{64, 3}));
+  // Read into private memory, codes whose shape fits row quads are stored in them (w1: 96 rows
+  // of 2 blocks); w2's 3 blocks a row stay row-major (util/mxfp4_quads.h).
+  EXPECT_EQ(x.w1.packed.layout, Layout::kMxfp4Quads);
+  EXPECT_EQ(x.w2.packed.layout, Layout::kRowMajor);
+  EXPECT_EQ(x.w1.scale.layout, Layout::kRowMajor);
   EXPECT_EQ(l3.moe->shared_gate.shape, (Shape{192, 128}));
   EXPECT_EQ(l3.moe->latent_down.shape, (Shape{64, 128}));
   EXPECT_EQ(l3.moe->latent_norm.shape, (Shape{64}));

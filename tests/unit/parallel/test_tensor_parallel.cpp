@@ -26,6 +26,7 @@
 #include "synth/synth.h"
 #include "thread_group.h"
 #include "util/lanes.h"
+#include "util/mxfp4_quads.h"
 
 namespace attnres {
 namespace {
@@ -176,7 +177,8 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
 // in the whole tensor. The replicated views are read into private memory too by default
 // (WeightResidence::kPrivate) and stay in the mapping with kMapped; an untied embedding, whose
 // rows are only looked up, stays in the mapping either way. The BF16 projections are lane-packed
-// (io/weights.h) into private memory always; at P = 1 kMapped copies nothing else.
+// (io/weights.h) into private memory always; at P = 1 kMapped copies nothing else. MXFP4 codes
+// read into private memory are stored in row quads where a rank's rows fit them.
 TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
   for (const std::string name : {"tiny-a", "tp-odd"}) {
     auto whole = load_model(model_dir(name), {}, WeightResidence::kMapped);
@@ -212,11 +214,22 @@ TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
             const int64_t unit_rows = full.shape[0] / units, row0 = u.begin * unit_rows;
             const int64_t n_rows = u.size() * unit_rows, K = full.numel() / full.shape[0];
             ASSERT_EQ(part.nbytes, full.nbytes / static_cast<size_t>(units) * u.size());
-            ASSERT_EQ(part.layout, full.layout);
+            if (part.layout == Layout::kMxfp4Quads) {  // MXFP4 codes whose rows fit quads
+              ASSERT_EQ(full.layout, Layout::kRowMajor);
+              ASSERT_TRUE(mxfp4_quads_fit(n_rows, 2 * K));
+            } else {
+              ASSERT_EQ(part.layout, full.layout);
+            }
             if (part.nbytes == 0) return;
             EXPECT_TRUE(owned.contains(part.data, part.nbytes));
             EXPECT_EQ(reinterpret_cast<uintptr_t>(part.data) % 64, 0u);
-            if (full.layout == Layout::kRowMajor) {
+            if (part.layout == Layout::kMxfp4Quads) {  // each rank packs its own rows
+              const auto* rows = full.as<uint8_t>() + row0 * K;
+              for (int64_t n = 0; n < n_rows; ++n)
+                for (int64_t k = 0; k < 2 * K; k += 2)
+                  ASSERT_EQ(part.as<uint8_t>()[mxfp4_quads_byte(n, k, 2 * K)], rows[n * K + k / 2])
+                      << "row " << n << " byte " << k / 2;
+            } else if (full.layout == Layout::kRowMajor) {
               const TensorView rows = slice_rows(full, row0, n_rows);
               EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
             } else {  // each rank packs its own rows
