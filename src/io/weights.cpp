@@ -94,9 +94,13 @@ class Binder {
   // rows are read into private memory instead of viewed in the mapping: a rank's rows of a
   // small tensor (an expert's scales, a few KB) share pages with the other ranks' rows, and page
   // faults on a mapping bring in whole pages and their neighbours, so a view would leave most
-  // of the tensor resident on every rank.
+  // of the tensor resident on every rank. `mxfp4_codes`: the tensor is an MXFP4 matrix's packed
+  // codes [rows, cols/2], which a private copy stores in row quads where the rows fit them
+  // (util/mxfp4_quads.h: the decode tiles read a quad as one stream); in the mapping (--mmap)
+  // they stay row-major. The kernels compute the same bits from either.
   TensorView bind_split(const std::string& canon, Kind kind, const Shape& shape,
-                        const std::string& formula, int64_t units, int64_t unit_rows) {
+                        const std::string& formula, int64_t units, int64_t unit_rows,
+                        bool mxfp4_codes = false) {
     if (specs_ != nullptr) {
       specs_->push_back({canon, kind == Kind::kU8, shape, units, unit_rows});
       return TensorView{};
@@ -106,8 +110,10 @@ class Binder {
     const Range r = shard_.range(units);
     TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
     report_->rank_bytes += static_cast<int64_t>(s.nbytes);
-    if ((shard_.sharded() || residence_ == WeightResidence::kPrivate) && s.nbytes > 0)
-      return private_copy(canon, v, s);
+    if ((shard_.sharded() || residence_ == WeightResidence::kPrivate) && s.nbytes > 0) {
+      const bool quads = mxfp4_codes && mxfp4_quads_fit(s.shape[0], s.shape[1] * 2);
+      return private_copy(canon, v, s, quads ? Layout::kMxfp4Quads : Layout::kRowMajor);
+    }
     return s;
   }
 
@@ -175,72 +181,11 @@ class Binder {
     return s;
   }
 
-  // An MXFP4 matrix's packed codes [rows, cols/2], split by rows like bind_split(). Where the
-  // rows are read into private memory (P > 1, or WeightResidence::kPrivate) and fit, they are
-  // stored in row quads (util/mxfp4_quads.h), which the decode tiles read as one stream; in the
-  // mapping (--mmap) they stay row-major. The kernels compute the same bits from either.
-  TensorView bind_mxfp4_codes(const std::string& canon, const Shape& shape,
-                              const std::string& formula, int64_t units, int64_t unit_rows) {
-    if (specs_ != nullptr) {
-      specs_->push_back({canon, true, shape, units, unit_rows});
-      return TensorView{};
-    }
-    TensorView v = bind_whole(canon, Kind::kU8, shape, formula);
-    if (v.name.empty()) return v;
-    const Range r = shard_.range(units);
-    TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
-    report_->rank_bytes += static_cast<int64_t>(s.nbytes);
-    if ((!shard_.sharded() && residence_ != WeightResidence::kPrivate) || s.nbytes == 0) return s;
-    if (!mxfp4_quads_fit(s.shape[0], s.shape[1] * 2)) return private_copy(canon, v, s);
-    return quads_copy(canon, v, s);
-  }
-
-  // `rows` (a slice of the mapped MXFP4 codes `whole`) read from the file into private memory
-  // in row quads; an empty view, with the problem recorded, when the read fails.
-  TensorView quads_copy(const std::string& canon, const TensorView& whole, const TensorView& rows) {
-    if (!ok()) return rows;  // the load fails: read nothing more
-    const int64_t N = rows.shape[0], K = rows.shape[1] * 2, quad_bytes = kMxfp4QuadRows * K / 2;
-    // Quads per read: about 256 KiB, so a matrix takes few reads.
-    const int64_t per_read = std::max<int64_t>(1, (int64_t{256} << 10) / quad_bytes);
-    std::byte* buf = nullptr;
-    std::vector<uint8_t> chunk;
-    try {
-      buf = owned_->allocate(rows.nbytes);
-      chunk.resize(static_cast<size_t>(std::min(per_read, N / kMxfp4QuadRows) * quad_bytes));
-    } catch (const std::bad_alloc&) {
-      problem(
-          ErrorCode::kResourceExhausted,
-          "cannot allocate " + std::to_string(rows.nbytes) + " bytes to read tensor '" +
-              whole.name + "' into memory" +
-              (shard_.sharded() ? std::string(" (this rank's rows)")
-                                : std::string(" (--mmap views it in the file mapping instead)")));
-      return TensorView{};
-    }
-    const SafetensorsCheckpoint::Location* loc = ck_->find(canon_.at(canon));
-    const auto offset = static_cast<uint64_t>(rows.data - whole.data);
-    for (int64_t g = 0; g * kMxfp4QuadRows < N; g += per_read) {
-      const int64_t quads = std::min(per_read, N / kMxfp4QuadRows - g);
-      Status st = ck_->files()[loc->file]->read_bytes(
-          *loc->entry, offset + static_cast<uint64_t>(g * quad_bytes),
-          static_cast<size_t>(quads * quad_bytes), reinterpret_cast<std::byte*>(chunk.data()));
-      if (!st.is_ok()) {
-        problem(st.code(), st.message());
-        return TensorView{};
-      }
-      for (int64_t q = 0; q < quads; ++q)
-        pack_mxfp4_quad(chunk.data() + q * quad_bytes, g + q, K, reinterpret_cast<uint8_t*>(buf));
-    }
-    TensorView s = rows;
-    s.data = buf;
-    s.layout = Layout::kMxfp4Quads;
-    report_->bytes_private += static_cast<int64_t>(rows.nbytes);
-    return s;
-  }
-
-  // `rows` (a slice of the mapped `whole`) read from the file into private memory; an empty
-  // view, with the problem recorded, when the read fails.
-  TensorView private_copy(const std::string& canon, const TensorView& whole,
-                          const TensorView& rows) {
+  // `rows` (a slice of the mapped `whole`) read from the file into private memory, then stored
+  // in `layout` (kRowMajor as read, or kMxfp4Quads for MXFP4 codes that fit it); an empty view,
+  // with the problem recorded, when the read fails.
+  TensorView private_copy(const std::string& canon, const TensorView& whole, const TensorView& rows,
+                          Layout layout = Layout::kRowMajor) {
     if (!ok()) return rows;  // the load fails: read nothing more
     std::byte* buf = nullptr;
     try {
@@ -261,8 +206,11 @@ class Binder {
       problem(st.code(), st.message());
       return TensorView{};
     }
+    if (layout == Layout::kMxfp4Quads)
+      pack_mxfp4_quads_in_place(reinterpret_cast<uint8_t*>(buf), rows.shape[0], rows.shape[1] * 2);
     TensorView s = rows;
     s.data = buf;
+    s.layout = layout;
     report_->bytes_private += static_cast<int64_t>(rows.nbytes);
     return s;
   }
@@ -537,9 +485,10 @@ ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::stri
   m.cols = cols;
   m.mxfp4 = c.expert_format == ExpertFormat::kMxfp4;
   if (m.mxfp4) {
-    m.packed = b.bind_mxfp4_codes(
-        p + ".weight_packed", {rows, cols / 2},
-        dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte", rows, 1);
+    m.packed = b.bind_split(
+        p + ".weight_packed", Kind::kU8, {rows, cols / 2},
+        dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte", rows, 1,
+        /*mxfp4_codes=*/true);
     m.scale = b.bind_split(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
                            dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
                            rows, 1);

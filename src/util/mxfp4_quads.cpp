@@ -3,6 +3,7 @@
 
 #include <cassert>
 #include <cstring>
+#include <vector>
 
 namespace attnres {
 
@@ -19,6 +20,16 @@ void pack_mxfp4_quads(const uint8_t* packed, int64_t N, int64_t K, uint8_t* out)
   assert(mxfp4_quads_fit(N, K));
   for (int64_t g = 0; g * kMxfp4QuadRows < N; ++g)
     pack_mxfp4_quad(packed + g * kMxfp4QuadRows * (K / 2), g, K, out);
+}
+
+void pack_mxfp4_quads_in_place(uint8_t* codes, int64_t N, int64_t K) {
+  assert(mxfp4_quads_fit(N, K));
+  const int64_t quad_bytes = kMxfp4QuadRows * (K / 2);
+  std::vector<uint8_t> rows(static_cast<size_t>(quad_bytes));
+  for (int64_t g = 0; g * kMxfp4QuadRows < N; ++g) {
+    std::memcpy(rows.data(), codes + g * quad_bytes, static_cast<size_t>(quad_bytes));
+    pack_mxfp4_quad(rows.data(), g, K, codes);
+  }
 }
 
 }  // namespace attnres

@@ -49,5 +49,7 @@ inline float mxfp4_quads_get(const uint8_t* packed, const uint8_t* scale, int64_
 void pack_mxfp4_quad(const uint8_t* rows, int64_t g, int64_t K, uint8_t* out);
 // packed [N, K/2] row-major -> out in row quads (mxfp4_quads_fit(N, K)).
 void pack_mxfp4_quads(const uint8_t* packed, int64_t N, int64_t K, uint8_t* out);
+// The same in place: each quad's storage is the bytes its rows held.
+void pack_mxfp4_quads_in_place(uint8_t* codes, int64_t N, int64_t K);
 
 }  // namespace attnres

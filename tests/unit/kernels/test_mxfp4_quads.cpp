@@ -66,6 +66,10 @@ TEST(Mxfp4Quads, PackedFormHoldsEveryElementOnce) {
   for (int64_t g = 0; g < m.N / kMxfp4QuadRows; ++g)
     pack_mxfp4_quad(m.packed.data() + g * kMxfp4QuadRows * (m.K / 2), g, m.K, by_quad.data());
   EXPECT_EQ(by_quad, m.quads);
+  // In place, as the loader packs what it read.
+  std::vector<uint8_t> in_place = m.packed;
+  pack_mxfp4_quads_in_place(in_place.data(), m.N, m.K);
+  EXPECT_EQ(in_place, m.quads);
 }
 
 void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
