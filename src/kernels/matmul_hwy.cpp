@@ -864,9 +864,9 @@ ATTNRES_BF16_DOT HWY_INLINE void DecodeRowsBf16(const Codes& codes, const uint8_
     const uint8_t* sr = scale + (n0 + r) * row_scales;
     uint16_t* o = out + r * K;
     const bool ahead = n0 + nr + r < N;
-    // Each line of the row nr on once: row-major every 4 blocks; in row quads every pair, in the
-    // even row of the two that share the line.
-    const uint8_t* pr_ahead = codes.Row(n0 + nr + r);
+    // Each line of the row a group ahead once: row-major every 4 blocks; in row quads every
+    // pair, by the even row of the two that share the line.
+    const uint8_t* pr_ahead = ahead ? codes.Row(n0 + nr + r) : pr;
     const bool fetch = ahead && (!Codes::kQuads || (n0 + nr + r) % 2 == 0);
     constexpr int64_t kMask = Codes::kQuads ? 1 : 3;
     int64_t b = 0;
