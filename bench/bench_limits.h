@@ -1,5 +1,5 @@
 // Hardware limits shared by the micro-benchmarks: this machine's STREAM bandwidth, measured once
-// per process (full-size arrays, all OpenMP threads) the first time a benchmark asks for it.
+// per process (full-size arrays, all of the pool's threads) the first time a benchmark asks for it.
 #pragma once
 
 #include "kernels/stream_probe.h"

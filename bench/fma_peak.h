@@ -9,8 +9,8 @@
 namespace attnres::bench {
 
 // Best-of-5 f32 GFLOP/s (an FMA counts 2 FLOPs) of independent fused multiply-adds on the
-// widest Highway target this CPU supports (the one the kernels are dispatched to), all OpenMP
-// threads. Abort-free: it cannot fail.
+// widest Highway target this CPU supports (the one the kernels are dispatched to), all of the
+// pool's threads. Abort-free: it cannot fail.
 double fma_peak_gflop_s();
 
 // Counters of a compute-bound kernel doing `gflop` per call: GFLOP_s, the probe's peak and

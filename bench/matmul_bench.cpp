@@ -9,7 +9,7 @@
 //    OpenBLAS 0.3.21 is built without BUILD_BFLOAT16 (no cblas_sbgemm symbol), so the baseline is
 //    cblas_sgemm on the weights widened to f32 (same math, f32 FMA, exactly the same weight
 //    values).
-// Both libraries use all OpenMP threads (OpenBLAS: openblas_set_num_threads to the same count).
+// Both libraries use all of the pool's threads (OpenBLAS: openblas_set_num_threads).
 //   ./attnres_bench --benchmark_filter='Gemv|Gemm' (see docs/kernels.md for the full command)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -159,7 +159,7 @@ const bool kContextRegistered = [] {
   return true;
 }();
 
-// OpenBLAS uses as many threads as OpenMP (both libraries on all threads).
+// OpenBLAS uses as many threads as the pool (both libraries on all threads).
 void context_once() {
   static const bool done = [] {
     openblas_set_num_threads(parallel_threads());

@@ -1,5 +1,5 @@
 // STREAM probe as a benchmark: reports copy/triad/read GB/s on arrays of 4x the last-level
-// cache with all OpenMP threads, and defines bench::stream_limit() for the other benchmarks.
+// cache with all of the pool's threads, and defines bench::stream_limit() for the other benchmarks.
 //   ./attnres_bench --benchmark_filter=Stream
 #include <benchmark/benchmark.h>
 

@@ -34,7 +34,7 @@
 // 1e-5 relative. Measured worst excess over the ulp terms: 1.2e-6 (bf16), 2.2e-5 (f32) of the
 // row RMS; tests/unit/plan/test_attnres_kernel.cpp gates it.
 // Each row is computed by one thread with a fixed order, so results are bitwise identical for
-// any OpenMP thread count. Kernels never allocate.
+// any thread count. Kernels never allocate.
 #pragma once
 
 #include <cmath>
@@ -46,9 +46,8 @@
 
 namespace attnres {
 
-// Steps over fewer than this many elements (T x d) run on one thread: an OpenMP team costs more
-// than the work, and a descheduled team member stalls the barrier on a loaded machine. Which
-// thread computes a row never changes its value.
+// Steps over fewer than this many elements (T x d) run on one thread: a parallel region costs more
+// than the work. Which thread computes a row never changes its value.
 inline constexpr int64_t kAttnResParallelMinElements = int64_t{1} << 18;
 
 // At most kMaxAttnResSources (util/limits.h) sources per read: config validation and

@@ -1,7 +1,7 @@
 // Fused AttnRes step (attnres.h) with Highway runtime dispatch (one copy per compiled target,
 // chosen once per process; no -march flags).
 //
-// Per token row (OpenMP threads take chunks of 8 rows from a shared counter, so a descheduled
+// Per token row (the pool's threads take chunks of 8 rows from a shared counter, so a descheduled
 // thread on a shared machine holds back little; one thread computes a whole row in a fixed
 // order, so the result does not depend on the thread count or on which thread takes a chunk):
 //   pass 1  rs' = T(rs_in + pending), stored to rs_out (and to the commit slot when it is other

@@ -11,8 +11,8 @@
 //    in a full vector or in the ragged end (computed in 1-lane vectors of the same target), and
 //    whatever the tile it falls in. Sums over a row index run in increasing index, as in the
 //    scalar twins. Exponentials use Highway's Exp (<= 1 ulp) instead of libm's.
-//  - Each head is processed by exactly one thread (OpenMP over heads), so results are bitwise
-//    independent of the thread count.
+//  - Each head is processed by exactly one thread (parallel_ranges over heads), so results are
+//    bitwise independent of the thread count.
 //
 // Recurrent step (decode): per head and token the state S [dk, dv] is read twice and written
 // once, in column blocks of kRecNV vectors (128 columns on AVX3: whole rows of K3's state):

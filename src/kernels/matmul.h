@@ -13,8 +13,8 @@
 namespace attnres {
 
 // Dispatched (fast) path: Highway kernels (matmul_hwy.cpp) for the best target this CPU
-// supports, OpenMP over output rows. Accumulation order per output: see matmul_hwy.cpp, and
-// matmul_lanes.h for a lane-packed W.
+// supports, the pool's threads over output rows. Accumulation order per output: see matmul_hwy.cpp,
+// and matmul_lanes.h for a lane-packed W.
 void matmul(const float* x, int64_t T, const TensorView& W, float* y);
 // Scalar reference: f64-free, f32 accumulation in k order.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y);
@@ -105,8 +105,9 @@ MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint
 int64_t job_row_bytes(const MatmulJob& j);
 int64_t job_weight_bytes(const MatmulJob& j);
 
-// Runs every job; work is cut by (job, row group) into chunks of equal T * rows * K, which the
-// OpenMP threads take in turn. Small batches run on the calling thread.
+// Runs every job; the (job, row group) units lie on an axis of their cost (T * rows * K) that
+// parallel_split cuts into one contiguous run per thread (balanced by stealing). Small batches
+// run on the calling thread.
 void matmul_batch(const MatmulJob* jobs, int64_t n_jobs);
 // Scalar twin: each job's outputs in k order (matmul_ref / mxfp4_matmul_ref's arithmetic).
 void matmul_batch_ref(const MatmulJob* jobs, int64_t n_jobs);

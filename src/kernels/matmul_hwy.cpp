@@ -23,9 +23,10 @@
 //    decodes to +0.0: every accumulator starts at +0.0 and round-to-nearest never turns +0 into
 //    -0 by adding a zero, so the sign of a zero product cannot reach y.
 //
-// Blocking: static partition of the output rows (N) over the OpenMP threads, in whole row groups
-// (one contiguous range per thread), walked in blocks of ~192 KiB of weights (decode: rows
-// shorter than a page in page-strided tiles, see PageStride). Inside a block, a
+// Blocking: the output rows (N) are split over the pool's threads in whole row groups, one
+// contiguous run per thread (in a batch, another thread may steal the back of a run), walked in
+// blocks of ~192 KiB of weights (decode: rows shorter than a page in page-strided tiles, see
+// PageStride). Inside a block, a
 // group of kNR weight rows (a few KiB x K, L1/L2 resident) is applied to a register tile of up to
 // kMR tokens at a time, so each weight vector loaded from memory feeds kMR FMAs and each token
 // vector feeds kNR FMAs; tokens are walked in blocks whose f32 rows fit in L2. Decode (T = 1)

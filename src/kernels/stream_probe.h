@@ -3,8 +3,8 @@
 //
 // Contract: stream_probe() allocates three f64 arrays of `array_bytes` each (default: 4x the
 // last-level cache, at least 64 MiB), first-touches them from the threads that will use them
-// (OpenMP static partition, the same one the kernels use), then times `reps` passes of each
-// kernel and reports the best pass as GB/s (1 GB = 1e9 bytes):
+// (a contiguous static partition over the pool's threads, util/parallel.h), then times `reps`
+// passes of each kernel and reports the best pass as GB/s (1 GB = 1e9 bytes):
 //   copy:  c[i] = a[i]                 counts 2 arrays of traffic (STREAM convention, no
 //   triad: a[i] = b[i] + s * c[i]      counts 3 arrays              write-allocate traffic)
 //   read:  sum += b[i] (64-bit words)  counts 1 array (the access pattern of a GEMV: a pure
@@ -23,7 +23,7 @@ namespace attnres {
 struct StreamOptions {
   size_t array_bytes = 0;  // bytes per array; 0: 4 x last-level cache, at least 64 MiB
   int reps = 5;            // timed passes per kernel (best is reported); >= 1
-  int threads = 0;         // OpenMP threads; 0: omp_get_max_threads()
+  int threads = 0;         // threads; 0: parallel_threads()
 };
 
 struct StreamResult {
@@ -36,8 +36,8 @@ struct StreamResult {
 };
 
 // One read pass (the probe's read kernel) over bytes [data, data + bytes): the sum of its 64-bit
-// words mod 2^64 (returned so the loads cannot be elided), `threads` OpenMP threads (0: all),
-// contiguous static partition. Benchmarks pair it with a kernel reading the same number of
+// words mod 2^64 (returned so the loads cannot be elided), `threads` threads (0: all of the
+// pool's), contiguous static partition. Benchmarks pair it with a kernel reading the same number of
 // bytes, call for call, so both see the same machine state.
 uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads);
 

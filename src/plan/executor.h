@@ -19,8 +19,8 @@
 //   q = res_norm.weight * res_proj.weight (computed once in fp32 at load) and the RMSNorm gains
 //   widened to fp32 (exact for bf16 gains). Plain-residual models leave the queries empty.
 //
-// Thread-safety: one run() at a time per Executor. Kernels use OpenMP over token rows; the
-// result does not depend on the thread count.
+// Thread-safety: one run() at a time per Executor. Kernels split token rows over the
+// pool's threads; the result does not depend on the thread count.
 #pragma once
 
 #include <cstddef>
