@@ -26,8 +26,10 @@
 #include "kernels/compute_probe.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_lanes.h"
+#include "kernels/mxfp4_lanes.h"
 #include "util/cpu.h"
 #include "util/memory.h"
+#include "util/mxfp4_lanes.h"
 
 namespace attnres::bench {
 namespace {
@@ -565,7 +567,8 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   context_once();
   const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
   const bool routed = state.range(4) != 0;
-  const Layout codes = state.range(5) != 0 ? Layout::kMxfp4Quads : Layout::kRowMajor;
+  const bool lanes = state.range(5) == 2;
+  const Layout codes = state.range(5) == 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   std::vector<int64_t> count(static_cast<size_t>(E), T);
   if (routed) {
     std::fill(count.begin(), count.end(), 0);
@@ -579,11 +582,44 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   const std::vector<uint8_t> scale = random_bytes(ps * pool, 14, 118, 124);  // [pool, N, K/32]
   const auto [x, xh] = random_bf16_tokens(state, E * T * K, 15);             // [E * T, K]
   std::vector<float> y(static_cast<size_t>(E * T * N));                      // [E * T, N]
+  std::vector<uint8_t> lane_codes, lane_scales;
+  if (lanes) {
+    lane_codes.resize(packed.size());
+    lane_scales.resize(scale.size());
+    for (int64_t e = 0; e < pool; ++e)
+      pack_mxfp4_lanes(packed.data() + e * pb, scale.data() + e * ps, N, K,
+                       lane_codes.data() + e * pb, lane_scales.data() + e * ps);
+  }
+  std::vector<int64_t> first_row(static_cast<size_t>(E + 1), 0);  // token rows of expert e
+  for (int64_t e = 0; e < E; ++e)
+    first_row[static_cast<size_t>(e + 1)] = first_row[static_cast<size_t>(e)] + count[e];
   std::vector<MatmulJob> jobs;
   int64_t round = 0;
   BestOf best;
   for (auto _ : state) {
     const int64_t e0 = (round++ * E) % (pool - E + 1);  // another E experts each call
+    if (lanes) {
+      // MatmulBatch's split: (expert, group of 16 rows) units on an axis of their cost.
+      const int64_t groups = N / kMxfp4LaneRows, total = E * T * groups;
+      best.time([&] {
+        parallel_split(total, parallel_threads(), [&](int64_t lo, int64_t hi) {
+          for (int64_t e = 0; e < E; ++e) {
+            const int64_t n = count[static_cast<size_t>(e)], r = first_row[static_cast<size_t>(e)];
+            const int64_t begin = r * groups, end = begin + n * groups;  // e's units' costs
+            if (n == 0 || end <= lo || begin >= hi) continue;
+            const int64_t g0 = (std::max(lo, begin) - begin + n - 1) / n,
+                          g1 = std::min(groups, (std::min(hi, end) - begin + n - 1) / n);
+            if (g0 < g1)
+              mxfp4_lanes_rows(xh.data() + r * K, nullptr, n, lane_codes.data() + (e0 + e) * pb,
+                               lane_scales.data() + (e0 + e) * ps, N, K, g0 * kMxfp4LaneRows,
+                               (g1 - g0) * kMxfp4LaneRows, y.data() + r * N + g0 * kMxfp4LaneRows,
+                               N);
+          }
+        });
+      });
+      benchmark::DoNotOptimize(y.data());
+      continue;
+    }
     jobs.clear();
     int64_t row = 0;  // first token row of expert e
     for (int64_t e = 0; e < E; ++e) {
@@ -607,9 +643,9 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
 BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
     ->ArgNames({"E", "T", "N", "K", "routed", "quads"})
     ->ArgsProduct({{64}, {2, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64}, {512}, {1024}, {0}, {0, 1}})
-    ->ArgsProduct({{256}, {8, 16}, {512}, {512}, {0}, {0, 1}})
+    ->ArgsProduct({{256}, {8, 16}, {512}, {512}, {0}, {0, 1, 2}})
     // k3-mini's routed experts for a 256-token prefill chunk
-    ->ArgsProduct({{256}, {8}, {512}, {512}, {1}, {0, 1}})
+    ->ArgsProduct({{256}, {8}, {512}, {512}, {1}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -620,20 +656,31 @@ BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
 void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   context_once();
   const int64_t T = state.range(0), N = 512, K = state.range(1);
+  const bool lanes = state.range(2) != 0;
   const std::vector<uint8_t> packed = random_bytes(N * K / 2, 17, 0, 255);    // [N, K/2]
   const std::vector<uint8_t> scale = random_bytes(N * K / 32, 18, 118, 124);  // [N, K/32]
-  const auto [x, xh] = random_bf16_tokens(state, T * K, 19);                  // [T, K]
-  std::vector<float> y(static_cast<size_t>(T * N));                           // [T, N]
+  std::vector<uint8_t> lane_codes(packed.size()), lane_scales(scale.size());
+  pack_mxfp4_lanes(packed.data(), scale.data(), N, K, lane_codes.data(), lane_scales.data());
+  const auto [x, xh] = random_bf16_tokens(state, T * K, 19);  // [T, K]
+  std::vector<float> y(static_cast<size_t>(T * N));           // [T, N]
   MatmulJob j = mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data());
   j.xh = xh.data();
+  const auto product = [&] {
+    if (lanes) {
+      mxfp4_lanes_rows(xh.data(), nullptr, T, lane_codes.data(), lane_scales.data(), N, K, 0, N,
+                       y.data(), N);
+    } else {
+      matmul_batch(&j, 1);
+    }
+  };
   const int saved = parallel_threads();
   set_parallel_threads(1);
   static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;  // one thread
   // One product first, so the expert's weights are in cache.
-  matmul_batch(&j, 1);
+  product();
   BestOf best;
   for (auto _ : state) {
-    best.time([&] { matmul_batch(&j, 1); });
+    best.time(product);
     benchmark::DoNotOptimize(y.data());
   }
   set_parallel_threads(saved);
@@ -643,8 +690,8 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   state.counters["best_of_peak"] = gflop / best.seconds() / peak;
 }
 BENCHMARK(BM_Mxfp4ExpertInCache)
-    ->ArgNames({"T", "K"})
-    ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}})
+    ->ArgNames({"T", "K", "lanes"})
+    ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

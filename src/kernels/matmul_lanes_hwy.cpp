@@ -63,19 +63,6 @@ struct F32Tokens {
   float at(int64_t t, int64_t k) const { return x[t * K + k]; }
 };
 
-// Calls tile(t, mr) over tokens [0, n) in ceil(n / most) tiles of near-equal size (most = 6:
-// 7 = 4 + 3), so no tile is much shorter than the others.
-template <class Tile>
-HWY_INLINE void ForEachTokenTile(int64_t n, int64_t most, const Tile& tile) {
-  const int64_t tiles = (n + most - 1) / most;
-  int64_t t = 0;
-  for (int64_t i = 0; i < tiles; ++i) {
-    const int64_t mr = n / tiles + (i < n % tiles ? 1 : 0);
-    tile(t, mr);
-    t += mr;
-  }
-}
-
 // Widened halves of a vector of packed pairs (u32 lane = even element in the low 16 bits).
 template <class DF, class VU>
 HWY_INLINE void WidenPairs(DF df, VU pairs, hn::Vec<DF>& even, hn::Vec<DF>& odd) {

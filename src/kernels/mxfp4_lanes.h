@@ -1,0 +1,39 @@
+// MXFP4 projections over the 16-row lane layout (util/mxfp4_lanes.h): y = x W^T with one output
+// row per vector lane, so no lane ever needs a horizontal sum.
+//
+// Numerics: y[t][n] is one f32 accumulator, starting at +0. Each 32-element block b of the row,
+// in order, is first summed alone: a block sum s starts at +0 and takes the block's pairs q in
+// order, each as s = fma(x[2q], w[2q], fma(x[2q + 1], w[2q + 1], s)) with w the elements' E2M1
+// values, unscaled (exact in bf16 and f32); then acc = fma(s, 2^(e_b - 127), acc) with e_b the
+// block's E8M0 byte (255: NaN; 0: 2^-127, an f32 subnormal). For bf16 tokens every product is
+// exact, so a pair's step is vdpbf16ps's (acc + odd product) + even product with two roundings,
+// and the power of two is an exact factor: the block's products are summed at the weights' own
+// scale and the scale costs one rounding per block. That order depends only on K: the bits do
+// not depend on T, on the tile a row falls in, on the row range a call covers or on the thread
+// count, and the scalar twin gives the same bits. vdpbf16ps treats subnormal bf16 inputs and
+// results as zero; the twin and the generic kernels keep them, so only data with subnormal
+// token values or block partial sums can differ between CPUs. Targets without FMA (SSE4 and
+// older) round a scaled block sum that is subnormal (scale bytes 0 and 1) twice. f32 tokens
+// follow the same order with f32 products (the twin's bits on targets with FMA).
+#pragma once
+
+#include <cstdint>
+
+#include "util/mxfp4_lanes.h"
+#include "util/numeric.h"
+
+namespace attnres {
+
+// y [T, rows] (row stride ldy) = x W^T for rows [row0, row0 + rows) of the MXFP4 W [N, K] in
+// the lane layout (codes, scales): writes y[t][n - row0]. row0 and rows are multiples of 16.
+// Tokens: xh (bf16) when given, else x (f32). Runs on the calling thread.
+void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
+                      const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
+                      float* y, int64_t ldy);
+
+// Scalar twin: the same arithmetic in the same order, one output at a time.
+void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
+                     const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
+                     float* y, int64_t ldy);
+
+}  // namespace attnres

@@ -1,0 +1,277 @@
+// MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h) with Highway runtime dispatch.
+//
+// AVX3 with AVX512_BF16 and bf16 tokens: register tiles of MR tokens (1-7) x NV groups of 16
+// rows. Per pair of elements a group's 16 code bytes are zero-extended to 32-bit lanes, d |
+// (d << 12) puts the even element's nibble in the low word's index bits and the odd one's in the
+// high word's, and one vpermw from a fixed 32-word table (the 16 E2M1 values twice) gives the
+// group's 32 unscaled bf16 weights; each token's pair is a 32-bit broadcast from its row. A
+// block's 16 pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to
+// the accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
+// horizontal sum, no table per scale, no copy of the tokens. Other targets, and f32 tokens, run
+// the same order in f32 (generic tiles).
+//
+// Blocking: tokens in blocks of about 512 KiB of bf16 rows (L2); per block, each token tile walks
+// the call's groups front to back, and the first tile's reads are prefetched a tile of groups
+// ahead into L1 as it goes (the groups lie one after another, so the next tile's codes are the
+// next NV * 16 * K/2 bytes): without that prefetch a standalone loop over 256 cold experts ran no
+// faster than the row-major kernels (docs/performance.md, "MXFP4 experts in a 16-row lane
+// layout").
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/mxfp4_lanes_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/count_hwy-inl.h"
+#include "kernels/mxfp4_lanes.h"
+#include "util/cpu.h"
+
+#if HWY_TARGET == HWY_AVX3
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int64_t kRows = kMxfp4LaneRows;
+constexpr int64_t kBlockPairs = kMxfp4BlockSize / 2;
+constexpr int kMaxDotTokens = 7;
+constexpr int kMaxGenericTokens = 2;
+
+// The tokens of a call: bf16 (xh) or f32 (xf) rows of K values.
+struct Tokens {
+  const uint16_t* xh;
+  const float* xf;
+  int64_t K;
+  float at(int64_t t, int64_t k) const {
+    return xh != nullptr ? bf16_to_f32(bf16{xh[t * K + k]}) : xf[t * K + k];
+  }
+};
+
+// The E2M1 values of codes c (u32 lanes, 0..15) as f32 bits: magnitudes 2..7 are normal numbers
+// (exponent (m >> 1) - 1, one mantissa bit m & 1), 1 is 0.5, 0 is 0; bit 3 is the sign.
+template <class DU, class VU = hn::Vec<DU>>
+HWY_INLINE VU E2m1Bits(DU du, VU c) {
+  const VU m = hn::And(c, hn::Set(du, 7u));
+  const VU normal = hn::Or(hn::ShiftLeft<23>(hn::Add(hn::ShiftRight<1>(m), hn::Set(du, 126u))),
+                           hn::ShiftLeft<22>(hn::And(m, hn::Set(du, 1u))));
+  const VU small = hn::IfThenElseZero(hn::Eq(m, hn::Set(du, 1u)), hn::Set(du, 0x3f000000u));
+  const VU magnitude = hn::IfThenElse(hn::Lt(m, hn::Set(du, 2u)), small, normal);
+  return hn::Or(magnitude, hn::ShiftLeft<28>(hn::And(c, hn::Set(du, 8u))));
+}
+
+// E8M0 bytes e (u32 lanes) as the f32 bits of 2^(e - 127): e shifted into the exponent field,
+// but for e = 0 (2^-127, a subnormal) and e = 255 (NaN).
+template <class DU, class VU = hn::Vec<DU>>
+HWY_INLINE VU E8m0Bits(DU du, VU e) {
+  VU bits = hn::ShiftLeft<23>(e);
+  bits = hn::IfThenElse(hn::Eq(e, hn::Zero(du)), hn::Set(du, 0x00400000u), bits);
+  return hn::IfThenElse(hn::Eq(e, hn::Set(du, 255u)), hn::Set(du, 0x7fc00000u), bits);
+}
+
+// Generic targets and f32 tokens: MR tokens (from t) x one group, the group's 16 rows as
+// 16 / L vectors. A pair's 16 code bytes are widened to 32-bit lanes and both nibbles decoded to
+// f32 (E2m1Bits), then every token's two broadcasts feed MulAdd (for bf16 tokens the product is
+// exact, so this is the twin's arithmetic on every target; for f32 tokens on targets with FMA).
+template <int MR>
+HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RESTRICT codes,
+                              const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y,
+                              int64_t ldy) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(du)> d8;
+  using V = hn::Vec<decltype(df)>;
+  // x86 vectors have a fixed width: Lanes(df) == MaxLanes(df), at most 16 floats.
+  constexpr int64_t kMaxV = kRows / static_cast<int64_t>(hn::MaxLanes(df));
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df)), NV = kRows / L, K = x.K;
+  HWY_DASSERT(NV <= kMaxV);
+  V acc[MR][kMaxV], s[MR][kMaxV];
+  for (int m = 0; m < MR; ++m)
+    for (int64_t v = 0; v < NV; ++v) acc[m][v] = hn::Zero(df);
+  for (int64_t b = 0; b < K / kMxfp4BlockSize; ++b) {
+    for (int m = 0; m < MR; ++m)
+      for (int64_t v = 0; v < NV; ++v) s[m][v] = hn::Zero(df);
+    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
+      V odd[kMaxV], even[kMaxV];
+      for (int64_t v = 0; v < NV; ++v) {
+        const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, codes + q * kRows + v * L));
+        even[v] = hn::BitCast(df, E2m1Bits(du, hn::And(bytes, hn::Set(du, 0x0fu))));
+        odd[v] = hn::BitCast(df, E2m1Bits(du, hn::ShiftRight<4>(bytes)));
+      }
+      for (int m = 0; m < MR; ++m) {
+        const V xo = hn::Set(df, x.at(t + m, 2 * q + 1)), xe = hn::Set(df, x.at(t + m, 2 * q));
+        for (int64_t v = 0; v < NV; ++v) {
+          s[m][v] = hn::MulAdd(xo, odd[v], s[m][v]);
+          s[m][v] = hn::MulAdd(xe, even[v], s[m][v]);
+        }
+      }
+    }
+    for (int64_t v = 0; v < NV; ++v) {
+      const V scale = hn::BitCast(
+          df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, scales + b * kRows + v * L))));
+      for (int m = 0; m < MR; ++m) acc[m][v] = hn::MulAdd(s[m][v], scale, acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int64_t v = 0; v < NV; ++v) hn::StoreU(acc[m][v], df, y + m * ldy + v * L);
+}
+
+#if HWY_TARGET == HWY_AVX3
+#define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+// Groups of 16 rows a tile of MR tokens covers: its MR x NV accumulators and MR x NV block sums,
+// the NV decoded weight vectors and the scales fit the 32 vector registers.
+template <int MR>
+constexpr int DotGroups() {
+  return MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : MR == 4 ? 3 : 2;
+}
+
+// The group's 16 rows' scales of one block as f32 factors (E8m0Bits).
+ATTNRES_BF16_DOT HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(du)> d8;
+  return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
+}
+
+// MR bf16 tokens x NV groups (codes and scales of the tile's first group; group_codes and
+// group_scales bytes apart). kPrefetch: the first tile over these groups, which streams them
+// from memory, prefetches the next NV groups' codes into L1 as it goes.
+template <int MR, int NV, bool kPrefetch>
+ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64_t K,
+                                           const uint8_t* HWY_RESTRICT codes,
+                                           const uint8_t* HWY_RESTRICT scales,
+                                           float* HWY_RESTRICT y, int64_t ldy) {
+  alignas(64) static constexpr uint16_t kTable[32] = {
+      0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80,
+      0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0, 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040,
+      0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+  const __m512i table = _mm512_load_si512(kTable);
+  const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
+  const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
+  const uint8_t* ahead = codes + NV * group_codes;  // the next tile's groups
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 s[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) s[m][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
+      if constexpr (kPrefetch) {
+        // NV groups' NV * pairs * 16 bytes over the pairs: NV lines every 4 pairs.
+        if ((q & 3) == 0)
+          for (int v = 0; v < NV; ++v)
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + ((q >> 2) * NV + v) * 64),
+                         _MM_HINT_T0);
+      }
+      __m512bh w[NV];
+      for (int v = 0; v < NV; ++v) {
+        const __m512i d = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
+        w[v] = reinterpret_cast<__m512bh>(
+            _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), table));
+      }
+      for (int m = 0; m < MR; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
+        const __m512bh xb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+        for (int v = 0; v < NV; ++v) s[m][v] = _mm512_dpbf16_ps(s[m][v], xb, w[v]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
+      for (int m = 0; m < MR; ++m) acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+}
+#undef ATTNRES_BF16_DOT
+#endif  // HWY_TARGET == HWY_AVX3
+
+// Rows [row0, row0 + rows) (whole groups) for the mr tokens from t; y is token t's output of
+// row row0. `first`: this is the first token tile over the rows in this call.
+template <int MR>
+void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
+               int64_t row0, int64_t rows, float* y, int64_t ldy, bool dot, bool first) {
+  const int64_t K = x.K, g0 = row0 / kRows, g1 = (row0 + rows) / kRows;
+  const int64_t group_codes = K / 2 * kRows, group_scales = K / kMxfp4BlockSize * kRows;
+#if HWY_TARGET == HWY_AVX3
+  if (dot) {
+    constexpr int kNV = DotGroups<MR>();
+    for (int64_t g = g0; g < g1; g += kNV) {
+      const int64_t nv = std::min<int64_t>(kNV, g1 - g);
+      WithCount<kNV>(nv, [&](auto tag) {
+        constexpr int NV = decltype(tag)::value;
+        const uint8_t* c = codes + g * group_codes;
+        const uint8_t* s = scales + g * group_scales;
+        float* yt = y + (g - g0) * kRows;
+        if (first) {
+          DotTile<MR, NV, true>(x.xh + t * K, K, c, s, yt, ldy);
+        } else {
+          DotTile<MR, NV, false>(x.xh + t * K, K, c, s, yt, ldy);
+        }
+      });
+    }
+    return;
+  }
+#endif
+  (void)dot;
+  (void)first;
+  for (int64_t g = g0; g < g1; ++g)
+    GenericTile<MR>(x, t, codes + g * group_codes, scales + g * group_scales, y + (g - g0) * kRows,
+                    ldy);
+}
+
+void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
+                    const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
+                    int64_t ldy) {
+  bool dot = false;
+#if HWY_TARGET == HWY_AVX3
+  dot = xh != nullptr && cpu_info().avx512bf16;
+#endif
+  const Tokens x{xh, xh != nullptr ? nullptr : xf, K};
+  const int64_t most = dot ? kMaxDotTokens : kMaxGenericTokens;
+  int64_t tb = std::max<int64_t>(most, (512 << 10) / std::max<int64_t>(K * 2, 1));
+  tb = tb / most * most;
+  for (int64_t t0 = 0; t0 < T; t0 += tb) {
+    const int64_t tn = std::min(tb, T - t0);
+    ForEachTokenTile(tn, most, [&](int64_t t, int64_t mr) {
+      WithCount<kMaxDotTokens>(mr, [&](auto tag) {
+        TokenTile<decltype(tag)::value>(x, t0 + t, codes, scales, row0, rows, y + (t0 + t) * ldy,
+                                        ldy, dot, t == 0);
+      });
+    });
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnres {
+
+HWY_EXPORT(Mxfp4LanesRows);
+
+void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
+                      const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
+                      float* y, int64_t ldy) {
+  assert(mxfp4_lanes_fit(N, K) && row0 % kMxfp4LaneRows == 0 && rows % kMxfp4LaneRows == 0 &&
+         row0 >= 0 && rows >= 0 && row0 + rows <= N);
+  (void)N;
+  if (T <= 0 || rows <= 0) return;
+  HWY_DYNAMIC_DISPATCH(Mxfp4LanesRows)
+  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy);
+}
+
+}  // namespace attnres
+#endif  // HWY_ONCE

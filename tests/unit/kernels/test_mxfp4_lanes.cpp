@@ -1,0 +1,175 @@
+// MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h): the packed layout holds every
+// element once; the dispatched kernel gives its scalar twin's bits on every Highway target this
+// CPU supports, for every tile size and row range, with bf16 tokens (and with f32 tokens on
+// targets with FMA), scale bytes 0, 1, 254 and 255 included; a token alone gives the bits it gets
+// among others; and the result agrees with an f64 evaluation within the rounding bound.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/hwy_targets.h"
+#include "kernels/mxfp4_lanes.h"
+#include "util/mxfp4_lanes.h"
+#include "util/numeric.h"
+
+namespace attnres {
+namespace {
+
+struct LaneMatrix {
+  int64_t N, K;
+  std::vector<uint8_t> codes, scales;  // row-major
+  std::vector<uint8_t> lane_codes, lane_scales;
+  LaneMatrix(int64_t n, int64_t k, uint32_t seed, bool edge_scales) : N(n), K(k) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255), sc(118, 130);
+    codes.resize(N * K / 2);
+    scales.resize(N * K / kMxfp4BlockSize);
+    for (uint8_t& b : codes) b = static_cast<uint8_t>(byte(rng));
+    for (uint8_t& b : scales) b = static_cast<uint8_t>(sc(rng));
+    if (edge_scales) {
+      const int64_t blocks = K / kMxfp4BlockSize;
+      scales[1 * blocks] = 0;                 // row 1: 2^-127
+      scales[2 * blocks] = 1;                 // row 2: 2^-126
+      scales[3 * blocks + blocks - 1] = 254;  // row 3: 2^127 (products may overflow)
+      scales[4 * blocks] = 255;               // row 4: NaN
+    }
+    lane_codes.resize(codes.size());
+    lane_scales.resize(scales.size());
+    pack_mxfp4_lanes(codes.data(), scales.data(), N, K, lane_codes.data(), lane_scales.data());
+  }
+};
+
+struct TokenRows {
+  std::vector<float> x;
+  std::vector<bf16> xh;
+  TokenRows(int64_t T, int64_t K, uint32_t seed) : x(T * K), xh(T * K) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < T * K; ++i) {
+      xh[i] = f32_to_bf16(nd(rng));
+      x[i] = bf16_to_f32(xh[i]);
+    }
+  }
+};
+
+// Equal bits, or both NaN (the payload of a NaN from a NaN scale is not specified).
+void expect_same(const std::vector<float>& a, const std::vector<float>& b,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a[i], 4);
+    std::memcpy(&ub, &b[i], 4);
+    ASSERT_EQ(ua, ub) << what << ": element " << i << " " << a[i] << " vs " << b[i];
+  }
+}
+
+TEST(Mxfp4Lanes, FitNeedsWholeGroupsAndBlocks) {
+  EXPECT_TRUE(mxfp4_lanes_fit(16, 32));
+  EXPECT_TRUE(mxfp4_lanes_fit(2048, 7168));
+  EXPECT_FALSE(mxfp4_lanes_fit(24, 64));  // a partial group
+  EXPECT_FALSE(mxfp4_lanes_fit(16, 48));  // a partial block
+}
+
+TEST(Mxfp4Lanes, PackedFormHoldsEveryElementOnce) {
+  const LaneMatrix m(48, 96, 1, true);
+  std::vector<int> seen_codes(m.codes.size(), 0), seen_scales(m.scales.size(), 0);
+  for (int64_t n = 0; n < m.N; ++n)
+    for (int64_t k = 0; k < m.K; ++k) {
+      const float a = mxfp4_lanes_get(m.lane_codes.data(), m.lane_scales.data(), n, k, m.K);
+      const float b =
+          mxfp4_get(m.codes.data() + n * (m.K / 2), m.scales.data() + n * (m.K / 32), k);
+      ASSERT_EQ(std::isnan(a), std::isnan(b)) << n << "," << k;
+      if (!std::isnan(b)) {
+        ASSERT_EQ(a, b) << n << "," << k;
+      }
+      if (k % 2 == 0) ++seen_codes[static_cast<size_t>(mxfp4_lanes_byte(n, k / 2, m.K))];
+      if (k % kMxfp4BlockSize == 0)
+        ++seen_scales[static_cast<size_t>(mxfp4_lanes_scale(n, k / kMxfp4BlockSize, m.K))];
+    }
+  for (int s : seen_codes) ASSERT_EQ(s, 1);
+  for (int s : seen_scales) ASSERT_EQ(s, 1);
+}
+
+TEST(Mxfp4Lanes, KernelGivesTheTwinsBits) {
+  // K = 32 is one block, 96 three; N = 160 takes 8-group tiles and a ragged remainder of them.
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {160, 512}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
+    // Scale bytes 0 and 1 make subnormal scaled block sums, which targets without FMA round
+    // twice (a product, then a sum): those targets run the matrix without them.
+    const LaneMatrix edges(N, K, 2, true), plain(N, K, 2, false);
+    constexpr int64_t Tmax = 17;
+    const TokenRows x(Tmax, K, 3);
+    for_each_target([&](int64_t target) {
+      const bool fma = target < HWY_SSE4;  // AVX2 and the AVX-512 targets
+      const LaneMatrix& m = fma ? edges : plain;
+      for (int64_t T = 1; T <= Tmax; ++T) {
+        for (const bool bf16_tokens : {true, false}) {
+          // f32 tokens give the twin's bits where MulAdd is a fused multiply-add.
+          if (!bf16_tokens && !fma) continue;
+          SCOPED_TRACE("T " + std::to_string(T) + (bf16_tokens ? " bf16" : " f32") + " tokens");
+          const bf16* xh = bf16_tokens ? x.xh.data() : nullptr;
+          // Every row, then the rows from the second group on (a call's row range).
+          for (const int64_t row0 : {int64_t{0}, int64_t{16}}) {
+            if (row0 >= N) continue;
+            const int64_t rows = N - row0, ldy = N + 3;
+            std::vector<float> got(T * ldy, -1.0f), want(T * ldy, -1.0f);
+            mxfp4_lanes_rows(xh, x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+                             row0, rows, got.data(), ldy);
+            mxfp4_lanes_ref(xh, x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+                            row0, rows, want.data(), ldy);
+            expect_same(got, want, "row0 " + std::to_string(row0));
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(Mxfp4Lanes, ATokenAloneGetsTheBitsItGetsAmongOthers) {
+  const int64_t N = 64, K = 256, T = 13;
+  const LaneMatrix m(N, K, 4, false);
+  const TokenRows x(T, K, 5);
+  std::vector<float> all(T * N);
+  mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
+                   all.data(), N);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> one(N), among(all.begin() + t * N, all.begin() + (t + 1) * N);
+    mxfp4_lanes_rows(x.xh.data() + t * K, nullptr, 1, m.lane_codes.data(), m.lane_scales.data(), N,
+                     K, 0, N, one.data(), N);
+    expect_same(one, among, "token " + std::to_string(t));
+  }
+}
+
+TEST(Mxfp4Lanes, WithinTheRoundingBoundOfAnF64Evaluation) {
+  const int64_t N = 32, K = 1024, T = 5;
+  const LaneMatrix m(N, K, 6, false);
+  const TokenRows x(T, K, 7);
+  std::vector<float> y(T * N);
+  mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
+                   y.data(), N);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x.x[t * K + k]) *
+                         mxfp4_get(m.codes.data() + n * (K / 2), m.scales.data() + n * (K / 32), k);
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      // Each product enters one block sum of 32 terms, then one accumulation over K / 32 blocks:
+      // at most 32 + K / 32 roundings of at most u = 2^-24 of the running magnitude.
+      const double bound = (32.0 + K / 32.0 + 2.0) * std::ldexp(1.0, -24) * magnitude;
+      EXPECT_NEAR(y[t * N + n], exact, bound) << t << "," << n;
+    }
+}
+
+}  // namespace
+}  // namespace attnres
