@@ -254,11 +254,13 @@ BENCHMARK(BM_GemvMxfp4)
 // bytes of other experts (contiguous), mean_GB/s is total bytes / total batch time. hot = 1
 // reuses the same experts (cache-resident): the rate the decode arithmetic allows, to compare
 // with the cold rate and with a core's share of the read bandwidth. quads = 1: the experts' codes
-// in row quads (util/mxfp4_quads.h), as the loader stores them in private memory.
+// in row quads (util/mxfp4_quads.h), as the loader stores them in private memory; quads = 2:
+// codes and scales in 16-row lanes (mxfp4_lanes.h), not yet used by the engine.
 void BM_GemvMxfp4Experts(benchmark::State& state) {
   context_once();
   const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
-  const Layout codes = state.range(4) != 0 ? Layout::kMxfp4Quads : Layout::kRowMajor;
+  const bool lanes = state.range(4) == 2;  // codes and scales in 16-row lanes (mxfp4_lanes.h)
+  const Layout codes = state.range(4) == 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   // hot = 1: the same `active` experts every step, so their weights stay in cache and the rate
   // is what the kernel's arithmetic allows (the read pass then reads cached bytes too).
   const bool hot = state.range(3) != 0;
@@ -269,6 +271,15 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
       random_bytes(2 * ps * pool, 4, 118, 124);               // [pool, 2, N, K/32]
   const auto [x, xh] = random_bf16_tokens(state, K, 5);       // [K]
   std::vector<float> y(static_cast<size_t>(2 * active * N));  // [2 E_act, N]
+  std::vector<uint8_t> lane_codes, lane_scales;
+  if (lanes) {
+    lane_codes.resize(packed.size());
+    lane_scales.resize(scale.size());
+    for (int64_t m = 0; m < 2 * pool; ++m)
+      pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K,
+                       lane_codes.data() + m * pb, lane_scales.data() + m * ps);
+  }
+  std::vector<int64_t> matrix(static_cast<size_t>(2 * active));  // this step's matrices
   std::vector<MatmulJob> jobs(static_cast<size_t>(2 * active));
   std::vector<int64_t> ids(static_cast<size_t>(pool));
   for (int64_t e = 0; e < pool; ++e) ids[static_cast<size_t>(e)] = e;
@@ -281,12 +292,30 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
     for (int64_t a = 0; a < active; ++a)
       for (int64_t m = 0; m < 2; ++m) {
         const int64_t e = ids[static_cast<size_t>(a)] * 2 + m;
+        matrix[static_cast<size_t>(2 * a + m)] = e;
         MatmulJob& j = jobs[static_cast<size_t>(2 * a + m)];
         j = mxfp4_job(x.data(), 1, packed.data() + e * pb, scale.data() + e * ps, N, K,
                       y.data() + (2 * a + m) * N, codes);
         j.xh = xh.data();
       }
-    best.time([&] { matmul_batch(jobs.data(), 2 * active); });
+    if (lanes) {
+      // MatmulBatch's split: (matrix, group of 16 rows) units, all of the same cost.
+      const int64_t groups = N / kMxfp4LaneRows;
+      best.time([&] {
+        parallel_split(2 * active * groups, parallel_threads(), [&](int64_t lo, int64_t hi) {
+          for (int64_t u = lo; u < hi;) {
+            const int64_t i = u / groups, g0 = u % groups, g1 = std::min(groups, g0 + hi - u);
+            const int64_t e = matrix[static_cast<size_t>(i)];
+            mxfp4_lanes_rows(xh.data(), nullptr, 1, lane_codes.data() + e * pb,
+                             lane_scales.data() + e * ps, N, K, g0 * kMxfp4LaneRows,
+                             (g1 - g0) * kMxfp4LaneRows, y.data() + i * N + g0 * kMxfp4LaneRows, N);
+            u += g1 - g0;
+          }
+        });
+      });
+    } else {
+      best.time([&] { matmul_batch(jobs.data(), 2 * active); });
+    }
     benchmark::DoNotOptimize(y.data());
     // Another `active` experts' bytes, contiguous (rarely overlapping this step's experts).
     const int64_t o = round * 7919 % (pool - active + 1);
@@ -306,8 +335,8 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvMxfp4Experts)
     ->ArgNames({"E_act", "N", "K", "hot", "quads"})
-    ->ArgsProduct({{8}, {512}, {512}, {0, 1}, {0, 1}})
-    ->ArgsProduct({{16}, {3072}, {3584}, {0}, {0, 1}})
+    ->ArgsProduct({{8}, {512}, {512}, {0, 1}, {0, 1, 2}})
+    ->ArgsProduct({{16}, {3072}, {3584}, {0}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -562,7 +591,8 @@ BENCHMARK(BM_GemmMxfp4)
 // k3-mini's 256 tokens, top-8 of 256 experts: mostly 3-16 tokens). Reported against the
 // vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). Fewer
 // than kMxfp4DecodeOnceMinTokens tokens take the register-decode tiles, more the decoded-rows
-// path (matmul_hwy.cpp). quads = 1: the codes in row quads, as loaded into private memory.
+// path (matmul_hwy.cpp). quads = 1: the codes in row quads, as loaded into private memory;
+// quads = 2: codes and scales in 16-row lanes (mxfp4_lanes.h), not yet used by the engine.
 void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   context_once();
   const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
@@ -649,9 +679,10 @@ BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// args: T, K. One MXFP4 expert [512, K] in cache, T bf16 tokens, on one thread: the expert
+// args: T, K, lanes. One MXFP4 expert [512, K] in cache, T bf16 tokens, on one thread: the expert
 // kernels' own arithmetic with memory out of the way (the register-decode tiles below
-// kMxfp4DecodeOnceMinTokens tokens, the decoded-rows path from there). Reported against the
+// kMxfp4DecodeOnceMinTokens tokens, the decoded-rows path from there; lanes = 1: the expert in
+// 16-row lanes and mxfp4_lanes_rows, not yet used by the engine). Reported against the
 // vdpbf16ps peak of one thread probed in the same process.
 void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   context_once();
