@@ -72,6 +72,52 @@ std::vector<uint8_t> random_bytes(int64_t n, uint32_t seed, int lo, int hi) {
   return v;
 }
 
+// `count` MXFP4 matrices [N, K] (row-major codes and scales, side by side) copied into 16-row
+// lanes (mxfp4_lanes.h, not yet used by the engine), in the same order.
+struct LaneMatrices {
+  int64_t N, K;
+  std::vector<uint8_t> codes, scales;
+  LaneMatrices(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scale, int64_t count,
+               int64_t n, int64_t k)
+      : N(n), K(k), codes(packed.size()), scales(scale.size()) {
+    const int64_t pb = N * K / 2, ps = N * K / 32;
+    for (int64_t m = 0; m < count; ++m)
+      pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, codes.data() + m * pb,
+                       scales.data() + m * ps);
+  }
+};
+
+// One product of a batch over LaneMatrices: T bf16 tokens times matrix `matrix`, into y [T, N].
+struct LaneProduct {
+  const bf16* xh;
+  int64_t T, matrix;
+  float* y;
+};
+
+// The products, split over the threads as MatmulBatch splits a batch: (product, group of 16 rows)
+// units on an axis of their cost (T per group), one contiguous run per thread.
+void lanes_batch(const LaneMatrices& m, const std::vector<LaneProduct>& products) {
+  const int64_t groups = m.N / kMxfp4LaneRows, pb = m.N * m.K / 2, ps = m.N * m.K / 32;
+  int64_t total = 0;
+  for (const LaneProduct& p : products) total += p.T * groups;
+  parallel_split(total, parallel_threads(), [&](int64_t lo, int64_t hi) {
+    int64_t begin = 0;  // cost of the products before p
+    for (const LaneProduct& p : products) {
+      const int64_t end = begin + p.T * groups;
+      if (begin >= hi) break;
+      if (end > lo) {  // groups whose cost starts in [lo, hi)
+        const int64_t g0 = (std::max(lo, begin) - begin + p.T - 1) / p.T,
+                      g1 = std::min(groups, (std::min(hi, end) - begin + p.T - 1) / p.T);
+        if (g0 < g1)
+          mxfp4_lanes_rows(p.xh, nullptr, p.T, m.codes.data() + p.matrix * pb,
+                           m.scales.data() + p.matrix * ps, m.N, m.K, g0 * kMxfp4LaneRows,
+                           (g1 - g0) * kMxfp4LaneRows, p.y + g0 * kMxfp4LaneRows, m.N);
+      }
+      begin = end;
+    }
+  });
+}
+
 TensorView bf16_view(const std::vector<bf16>& w, int64_t N, int64_t K, int64_t offset) {
   TensorView v;  // unnamed: setting a name here trips GCC 12's -Wrestrict false positive at -O3
   v.dtype = DType::kBF16;
@@ -271,15 +317,8 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
       random_bytes(2 * ps * pool, 4, 118, 124);               // [pool, 2, N, K/32]
   const auto [x, xh] = random_bf16_tokens(state, K, 5);       // [K]
   std::vector<float> y(static_cast<size_t>(2 * active * N));  // [2 E_act, N]
-  std::vector<uint8_t> lane_codes, lane_scales;
-  if (lanes) {
-    lane_codes.resize(packed.size());
-    lane_scales.resize(scale.size());
-    for (int64_t m = 0; m < 2 * pool; ++m)
-      pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K,
-                       lane_codes.data() + m * pb, lane_scales.data() + m * ps);
-  }
-  std::vector<int64_t> matrix(static_cast<size_t>(2 * active));  // this step's matrices
+  const LaneMatrices lane_matrices(packed, scale, lanes ? 2 * pool : 0, N, K);
+  std::vector<LaneProduct> products(static_cast<size_t>(2 * active));
   std::vector<MatmulJob> jobs(static_cast<size_t>(2 * active));
   std::vector<int64_t> ids(static_cast<size_t>(pool));
   for (int64_t e = 0; e < pool; ++e) ids[static_cast<size_t>(e)] = e;
@@ -292,27 +331,14 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
     for (int64_t a = 0; a < active; ++a)
       for (int64_t m = 0; m < 2; ++m) {
         const int64_t e = ids[static_cast<size_t>(a)] * 2 + m;
-        matrix[static_cast<size_t>(2 * a + m)] = e;
+        products[static_cast<size_t>(2 * a + m)] = {xh.data(), 1, e, y.data() + (2 * a + m) * N};
         MatmulJob& j = jobs[static_cast<size_t>(2 * a + m)];
         j = mxfp4_job(x.data(), 1, packed.data() + e * pb, scale.data() + e * ps, N, K,
                       y.data() + (2 * a + m) * N, codes);
         j.xh = xh.data();
       }
     if (lanes) {
-      // MatmulBatch's split: (matrix, group of 16 rows) units, all of the same cost.
-      const int64_t groups = N / kMxfp4LaneRows;
-      best.time([&] {
-        parallel_split(2 * active * groups, parallel_threads(), [&](int64_t lo, int64_t hi) {
-          for (int64_t u = lo; u < hi;) {
-            const int64_t i = u / groups, g0 = u % groups, g1 = std::min(groups, g0 + hi - u);
-            const int64_t e = matrix[static_cast<size_t>(i)];
-            mxfp4_lanes_rows(xh.data(), nullptr, 1, lane_codes.data() + e * pb,
-                             lane_scales.data() + e * ps, N, K, g0 * kMxfp4LaneRows,
-                             (g1 - g0) * kMxfp4LaneRows, y.data() + i * N + g0 * kMxfp4LaneRows, N);
-            u += g1 - g0;
-          }
-        });
-      });
+      best.time([&] { lanes_batch(lane_matrices, products); });
     } else {
       best.time([&] { matmul_batch(jobs.data(), 2 * active); });
     }
@@ -612,56 +638,34 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   const std::vector<uint8_t> scale = random_bytes(ps * pool, 14, 118, 124);  // [pool, N, K/32]
   const auto [x, xh] = random_bf16_tokens(state, E * T * K, 15);             // [E * T, K]
   std::vector<float> y(static_cast<size_t>(E * T * N));                      // [E * T, N]
-  std::vector<uint8_t> lane_codes, lane_scales;
-  if (lanes) {
-    lane_codes.resize(packed.size());
-    lane_scales.resize(scale.size());
-    for (int64_t e = 0; e < pool; ++e)
-      pack_mxfp4_lanes(packed.data() + e * pb, scale.data() + e * ps, N, K,
-                       lane_codes.data() + e * pb, lane_scales.data() + e * ps);
-  }
-  std::vector<int64_t> first_row(static_cast<size_t>(E + 1), 0);  // token rows of expert e
-  for (int64_t e = 0; e < E; ++e)
-    first_row[static_cast<size_t>(e + 1)] = first_row[static_cast<size_t>(e)] + count[e];
+  const LaneMatrices lane_matrices(packed, scale, lanes ? pool : 0, N, K);
   std::vector<MatmulJob> jobs;
+  std::vector<LaneProduct> products;
   int64_t round = 0;
   BestOf best;
   for (auto _ : state) {
     const int64_t e0 = (round++ * E) % (pool - E + 1);  // another E experts each call
-    if (lanes) {
-      // MatmulBatch's split: (expert, group of 16 rows) units on an axis of their cost.
-      const int64_t groups = N / kMxfp4LaneRows, total = E * T * groups;
-      best.time([&] {
-        parallel_split(total, parallel_threads(), [&](int64_t lo, int64_t hi) {
-          for (int64_t e = 0; e < E; ++e) {
-            const int64_t n = count[static_cast<size_t>(e)], r = first_row[static_cast<size_t>(e)];
-            const int64_t begin = r * groups, end = begin + n * groups;  // e's units' costs
-            if (n == 0 || end <= lo || begin >= hi) continue;
-            const int64_t g0 = (std::max(lo, begin) - begin + n - 1) / n,
-                          g1 = std::min(groups, (std::min(hi, end) - begin + n - 1) / n);
-            if (g0 < g1)
-              mxfp4_lanes_rows(xh.data() + r * K, nullptr, n, lane_codes.data() + (e0 + e) * pb,
-                               lane_scales.data() + (e0 + e) * ps, N, K, g0 * kMxfp4LaneRows,
-                               (g1 - g0) * kMxfp4LaneRows, y.data() + r * N + g0 * kMxfp4LaneRows,
-                               N);
-          }
-        });
-      });
-      benchmark::DoNotOptimize(y.data());
-      continue;
-    }
     jobs.clear();
+    products.clear();
     int64_t row = 0;  // first token row of expert e
     for (int64_t e = 0; e < E; ++e) {
       const int64_t n = count[static_cast<size_t>(e)];
       if (n == 0) continue;
-      MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
-                              scale.data() + (e0 + e) * ps, N, K, y.data() + row * N, codes);
-      j.xh = xh.data() + row * K;
-      jobs.push_back(j);
+      if (lanes) {
+        products.push_back({xh.data() + row * K, n, e0 + e, y.data() + row * N});
+      } else {
+        MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
+                                scale.data() + (e0 + e) * ps, N, K, y.data() + row * N, codes);
+        j.xh = xh.data() + row * K;
+        jobs.push_back(j);
+      }
       row += n;
     }
-    best.time([&] { matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size())); });
+    if (lanes) {
+      best.time([&] { lanes_batch(lane_matrices, products); });
+    } else {
+      best.time([&] { matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size())); });
+    }
     benchmark::DoNotOptimize(y.data());
   }
   static const double peak = compute_probe(/*bf16_dot=*/true).gflop_s;
@@ -690,16 +694,15 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   const bool lanes = state.range(2) != 0;
   const std::vector<uint8_t> packed = random_bytes(N * K / 2, 17, 0, 255);    // [N, K/2]
   const std::vector<uint8_t> scale = random_bytes(N * K / 32, 18, 118, 124);  // [N, K/32]
-  std::vector<uint8_t> lane_codes(packed.size()), lane_scales(scale.size());
-  pack_mxfp4_lanes(packed.data(), scale.data(), N, K, lane_codes.data(), lane_scales.data());
+  const LaneMatrices lane_matrices(packed, scale, lanes ? 1 : 0, N, K);
   const auto [x, xh] = random_bf16_tokens(state, T * K, 19);  // [T, K]
   std::vector<float> y(static_cast<size_t>(T * N));           // [T, N]
   MatmulJob j = mxfp4_job(x.data(), T, packed.data(), scale.data(), N, K, y.data());
   j.xh = xh.data();
   const auto product = [&] {
     if (lanes) {
-      mxfp4_lanes_rows(xh.data(), nullptr, T, lane_codes.data(), lane_scales.data(), N, K, 0, N,
-                       y.data(), N);
+      mxfp4_lanes_rows(xh.data(), nullptr, T, lane_matrices.codes.data(),
+                       lane_matrices.scales.data(), N, K, 0, N, y.data(), N);
     } else {
       matmul_batch(&j, 1);
     }

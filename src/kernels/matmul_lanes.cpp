@@ -6,14 +6,16 @@
 #include <cmath>
 
 namespace attnres {
-namespace {
 
-// One lane step: a fused multiply-add of the odd element, then of the even one. Out of line on
-// purpose: GCC 12.2 at -O3 vectorizes the same two steps written inline as additions in the
-// loop below into wrong sums (an all-integer dot product of K = 30 came out -7 instead of -10).
-[[gnu::noinline]] float lane_step(float acc, float x_odd, float w_odd, float x_even, float w_even) {
+// Out of line on purpose: GCC 12.2 at -O3 vectorizes the same two steps written inline as
+// additions in the twins' loops into wrong sums (an all-integer dot product of K = 30 came out
+// -7 instead of -10).
+[[gnu::noinline]] float lane_pair_step(float acc, float x_odd, float w_odd, float x_even,
+                                       float w_even) {
   return std::fma(x_even, w_even, std::fma(x_odd, w_odd, acc));
 }
+
+namespace {
 
 // The twins' loop over tokens, rows and pairs; x_at(t, k) is token t's value k as f32.
 template <class XAt>
@@ -25,8 +27,8 @@ void lanes_ref(const XAt& x_at, int64_t T, const bf16* packed, int64_t N, int64_
       float acc = 0.0f;
       for (int64_t q = 0; q < K / 2; ++q) {
         const bf16* w = packed + lanes_index(n, 2 * q, N, K);
-        acc = lane_step(acc, x_at(t, 2 * q + 1), bf16_to_f32(w[1]), x_at(t, 2 * q),
-                        bf16_to_f32(w[0]));
+        acc = lane_pair_step(acc, x_at(t, 2 * q + 1), bf16_to_f32(w[1]), x_at(t, 2 * q),
+                             bf16_to_f32(w[0]));
       }
       y[t * ldy + n - row0] = acc;
     }

@@ -39,6 +39,10 @@ void matmul_lanes(const float* x, int64_t T, const bf16* packed, int64_t N, int6
 void matmul_lanes_rows(const bf16* xh, const float* x, int64_t T, const bf16* packed, int64_t N,
                        int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy);
 
+// One pair's step in a lane, as the scalar twins (and mxfp4_lanes_ref) take it: a fused
+// multiply-add of the odd element, then of the even one.
+float lane_pair_step(float acc, float x_odd, float w_odd, float x_even, float w_even);
+
 // Scalar twins: the same arithmetic in the same order, one output at a time.
 void matmul_bf16_lanes_ref(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
                            int64_t row0, int64_t rows, float* y, int64_t ldy);

@@ -4,16 +4,9 @@
 #include <cassert>
 #include <cmath>
 
+#include "kernels/matmul_lanes.h"
+
 namespace attnres {
-namespace {
-
-// One pair step: a fused multiply-add of the odd element, then of the even one. Out of line for
-// the reason matmul_lanes.cpp gives (GCC 12.2 at -O3 vectorized the inline form into wrong sums).
-[[gnu::noinline]] float pair_step(float s, float x_odd, float w_odd, float x_even, float w_even) {
-  return std::fma(x_even, w_even, std::fma(x_odd, w_odd, s));
-}
-
-}  // namespace
 
 void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                      const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
@@ -30,8 +23,8 @@ void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* c
         float s = 0.0f;
         for (int64_t q = b * kMxfp4BlockSize / 2; q < (b + 1) * kMxfp4BlockSize / 2; ++q) {
           const uint8_t byte = codes[mxfp4_lanes_byte(n, q, K)];
-          s = pair_step(s, x_at(t, 2 * q + 1), kE2m1Values[byte >> 4], x_at(t, 2 * q),
-                        kE2m1Values[byte & 0x0f]);
+          s = lane_pair_step(s, x_at(t, 2 * q + 1), kE2m1Values[byte >> 4], x_at(t, 2 * q),
+                             kE2m1Values[byte & 0x0f]);
         }
         acc = std::fma(s, e8m0_to_f32(scales[mxfp4_lanes_scale(n, b, K)]), acc);
       }

@@ -140,6 +140,15 @@ ATTNRES_BF16_DOT HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
   return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
 }
 
+// The 16 E2M1 values as bf16 (the high halves of E2m1Bits, exact), in words 0-15 and again in
+// 16-31, so that vpermw's 5-bit index may carry any bit 4.
+ATTNRES_BF16_DOT HWY_INLINE __m512i Bf16E2m1Table() {
+  const hn::ScalableTag<uint32_t> du;
+  const __m256i words =
+      _mm512_cvtepi32_epi16(hn::ShiftRight<16>(E2m1Bits(du, hn::Iota(du, 0u))).raw);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(words), words, 1);
+}
+
 // MR bf16 tokens x NV groups (codes and scales of the tile's first group; group_codes and
 // group_scales bytes apart). kPrefetch: the first tile over these groups, which streams them
 // from memory, prefetches the next NV groups' codes into L1 as it goes.
@@ -148,11 +157,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
                                            const uint8_t* HWY_RESTRICT codes,
                                            const uint8_t* HWY_RESTRICT scales,
                                            float* HWY_RESTRICT y, int64_t ldy) {
-  alignas(64) static constexpr uint16_t kTable[32] = {
-      0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80,
-      0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0, 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040,
-      0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
-  const __m512i table = _mm512_load_si512(kTable);
+  const __m512i table = Bf16E2m1Table();
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
   const uint8_t* ahead = codes + NV * group_codes;  // the next tile's groups
