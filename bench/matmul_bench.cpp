@@ -301,12 +301,14 @@ BENCHMARK(BM_GemvMxfp4)
 // reuses the same experts (cache-resident): the rate the decode arithmetic allows, to compare
 // with the cold rate and with a core's share of the read bandwidth. quads = 1: the experts' codes
 // in row quads (util/mxfp4_quads.h), as the loader stores them in private memory; quads = 2:
-// codes and scales in 16-row lanes (mxfp4_lanes.h), not yet used by the engine.
+// codes and scales in lanes (mxfp4_lanes.h), not yet used by the engine, each batch followed by
+// the same experts' batch in row quads (other copies of the bytes, as cold): quads_mean_GB/s, and
+// lanes_vs_quads_mean = total row-quad time / total lane time, alternated under the same load.
 void BM_GemvMxfp4Experts(benchmark::State& state) {
   context_once();
   const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
-  const bool lanes = state.range(4) == 2;  // codes and scales in 16-row lanes (mxfp4_lanes.h)
-  const Layout codes = state.range(4) == 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
+  const bool lanes = state.range(4) == 2;  // codes and scales in lanes (mxfp4_lanes.h)
+  const Layout codes = state.range(4) >= 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   // hot = 1: the same `active` experts every step, so their weights stay in cache and the rate
   // is what the kernel's arithmetic allows (the read pass then reads cached bytes too).
   const bool hot = state.range(3) != 0;
@@ -323,7 +325,7 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
   std::vector<int64_t> ids(static_cast<size_t>(pool));
   for (int64_t e = 0; e < pool; ++e) ids[static_cast<size_t>(e)] = e;
   std::mt19937 rng(9);
-  BestOf best, read;
+  BestOf best, read, quads;
   int64_t round = 0;
   for (auto _ : state) {
     std::shuffle(ids.begin(), ids.end(), rng);     // the first `active` are this step's experts
@@ -339,6 +341,7 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
       }
     if (lanes) {
       best.time([&] { lanes_batch(lane_matrices, products); });
+      quads.time([&] { matmul_batch(jobs.data(), 2 * active); });
     } else {
       best.time([&] { matmul_batch(jobs.data(), 2 * active); });
     }
@@ -358,6 +361,12 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
                                 static_cast<double>(state.iterations()) / best.total() * 1e-9;
   state.counters["read_mean_GB/s"] = static_cast<double>(active * per_expert) *
                                      static_cast<double>(state.iterations()) / read.total() * 1e-9;
+  if (lanes) {
+    state.counters["quads_mean_GB/s"] = static_cast<double>(active * per_expert) *
+                                        static_cast<double>(state.iterations()) / quads.total() *
+                                        1e-9;
+    state.counters["lanes_vs_quads_mean"] = quads.total() / best.total();
+  }
 }
 BENCHMARK(BM_GemvMxfp4Experts)
     ->ArgNames({"E_act", "N", "K", "hot", "quads"})
@@ -618,13 +627,15 @@ BENCHMARK(BM_GemmMxfp4)
 // vdpbf16ps peak probed in the same process (compute_probe, as `attnres bench` does). Fewer
 // than kMxfp4DecodeOnceMinTokens tokens take the register-decode tiles, more the decoded-rows
 // path (matmul_hwy.cpp). quads = 1: the codes in row quads, as loaded into private memory;
-// quads = 2: codes and scales in 16-row lanes (mxfp4_lanes.h), not yet used by the engine.
+// quads = 2: codes and scales in lanes (mxfp4_lanes.h), not yet used by the engine, each batch
+// followed by the same experts' batch in row quads (other copies of the bytes, as cold):
+// lanes_vs_quads_mean = total row-quad time / total lane time, alternated under the same load.
 void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   context_once();
   const int64_t E = state.range(0), T = state.range(1), N = state.range(2), K = state.range(3);
   const bool routed = state.range(4) != 0;
   const bool lanes = state.range(5) == 2;
-  const Layout codes = state.range(5) == 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
+  const Layout codes = state.range(5) >= 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   std::vector<int64_t> count(static_cast<size_t>(E), T);
   if (routed) {
     std::fill(count.begin(), count.end(), 0);
@@ -642,7 +653,7 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   std::vector<MatmulJob> jobs;
   std::vector<LaneProduct> products;
   int64_t round = 0;
-  BestOf best;
+  BestOf best, quads;
   for (auto _ : state) {
     const int64_t e0 = (round++ * E) % (pool - E + 1);  // another E experts each call
     jobs.clear();
@@ -651,18 +662,16 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t n = count[static_cast<size_t>(e)];
       if (n == 0) continue;
-      if (lanes) {
-        products.push_back({xh.data() + row * K, n, e0 + e, y.data() + row * N});
-      } else {
-        MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
-                                scale.data() + (e0 + e) * ps, N, K, y.data() + row * N, codes);
-        j.xh = xh.data() + row * K;
-        jobs.push_back(j);
-      }
+      if (lanes) products.push_back({xh.data() + row * K, n, e0 + e, y.data() + row * N});
+      MatmulJob j = mxfp4_job(x.data() + row * K, n, packed.data() + (e0 + e) * pb,
+                              scale.data() + (e0 + e) * ps, N, K, y.data() + row * N, codes);
+      j.xh = xh.data() + row * K;
+      jobs.push_back(j);
       row += n;
     }
     if (lanes) {
       best.time([&] { lanes_batch(lane_matrices, products); });
+      quads.time([&] { matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size())); });
     } else {
       best.time([&] { matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size())); });
     }
@@ -673,6 +682,7 @@ void BM_GemmMxfp4ExpertsBf16Act(benchmark::State& state) {
   state.counters["best_GFLOP_s"] = gflop / best.seconds();
   state.counters["dot_peak_GFLOP_s"] = peak;
   state.counters["best_of_peak"] = gflop / best.seconds() / peak;
+  if (lanes) state.counters["lanes_vs_quads_mean"] = quads.total() / best.total();
 }
 BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
     ->ArgNames({"E", "T", "N", "K", "routed", "quads"})
