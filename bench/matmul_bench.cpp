@@ -73,17 +73,25 @@ std::vector<uint8_t> random_bytes(int64_t n, uint32_t seed, int lo, int hi) {
 }
 
 // `count` MXFP4 matrices [N, K] (row-major codes and scales, side by side) copied into 16-row
-// lanes (mxfp4_lanes.h, not yet used by the engine), in the same order.
+// lanes (mxfp4_lanes.h, not yet used by the engine), in the same order; with row_major, copied
+// as they are, for mxfp4_lanes_rows_row_major.
 struct LaneMatrices {
   int64_t N, K;
   std::vector<uint8_t> codes, scales;
+  bool row_major;
   LaneMatrices(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scale, int64_t count,
-               int64_t n, int64_t k)
-      : N(n), K(k), codes(packed.size()), scales(scale.size()) {
+               int64_t n, int64_t k, bool row_major_codes = false)
+      : N(n), K(k), codes(packed.size()), scales(scale.size()), row_major(row_major_codes) {
     const int64_t pb = N * K / 2, ps = N * K / 32;
-    for (int64_t m = 0; m < count; ++m)
-      pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, codes.data() + m * pb,
-                       scales.data() + m * ps);
+    for (int64_t m = 0; m < count; ++m) {
+      if (row_major) {
+        std::copy_n(packed.data() + m * pb, pb, codes.data() + m * pb);
+        std::copy_n(scale.data() + m * ps, ps, scales.data() + m * ps);
+      } else {
+        pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, codes.data() + m * pb,
+                         scales.data() + m * ps);
+      }
+    }
   }
 };
 
@@ -109,9 +117,10 @@ void lanes_batch(const LaneMatrices& m, const std::vector<LaneProduct>& products
         const int64_t g0 = (std::max(lo, begin) - begin + p.T - 1) / p.T,
                       g1 = std::min(groups, (std::min(hi, end) - begin + p.T - 1) / p.T);
         if (g0 < g1)
-          mxfp4_lanes_rows(p.xh, nullptr, p.T, m.codes.data() + p.matrix * pb,
-                           m.scales.data() + p.matrix * ps, m.N, m.K, g0 * kMxfp4LaneRows,
-                           (g1 - g0) * kMxfp4LaneRows, p.y + g0 * kMxfp4LaneRows, m.N);
+          (m.row_major ? mxfp4_lanes_rows_row_major : mxfp4_lanes_rows)(
+              p.xh, nullptr, p.T, m.codes.data() + p.matrix * pb, m.scales.data() + p.matrix * ps,
+              m.N, m.K, g0 * kMxfp4LaneRows, (g1 - g0) * kMxfp4LaneRows, p.y + g0 * kMxfp4LaneRows,
+              m.N);
       }
       begin = end;
     }
@@ -304,10 +313,12 @@ BENCHMARK(BM_GemvMxfp4)
 // codes and scales in lanes (mxfp4_lanes.h), not yet used by the engine, each batch followed by
 // the same experts' batch in row quads (other copies of the bytes, as cold): quads_mean_GB/s, and
 // lanes_vs_quads_mean = total row-quad time / total lane time, alternated under the same load.
+// quads = 3: as 2 with row-major codes and scales, which mxfp4_lanes_rows_row_major packs into
+// lanes as it goes (what a memory-mapped model would run).
 void BM_GemvMxfp4Experts(benchmark::State& state) {
   context_once();
   const int64_t active = state.range(0), N = state.range(1), K = state.range(2);
-  const bool lanes = state.range(4) == 2;  // codes and scales in lanes (mxfp4_lanes.h)
+  const bool lanes = state.range(4) >= 2;  // codes and scales in lanes (mxfp4_lanes.h)
   const Layout codes = state.range(4) >= 1 ? Layout::kMxfp4Quads : Layout::kRowMajor;
   // hot = 1: the same `active` experts every step, so their weights stay in cache and the rate
   // is what the kernel's arithmetic allows (the read pass then reads cached bytes too).
@@ -319,7 +330,7 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
       random_bytes(2 * ps * pool, 4, 118, 124);               // [pool, 2, N, K/32]
   const auto [x, xh] = random_bf16_tokens(state, K, 5);       // [K]
   std::vector<float> y(static_cast<size_t>(2 * active * N));  // [2 E_act, N]
-  const LaneMatrices lane_matrices(packed, scale, lanes ? 2 * pool : 0, N, K);
+  const LaneMatrices lane_matrices(packed, scale, lanes ? 2 * pool : 0, N, K, state.range(4) == 3);
   std::vector<LaneProduct> products(static_cast<size_t>(2 * active));
   std::vector<MatmulJob> jobs(static_cast<size_t>(2 * active));
   std::vector<int64_t> ids(static_cast<size_t>(pool));
@@ -370,8 +381,8 @@ void BM_GemvMxfp4Experts(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvMxfp4Experts)
     ->ArgNames({"E_act", "N", "K", "hot", "quads"})
-    ->ArgsProduct({{8}, {512}, {512}, {0, 1}, {0, 1, 2}})
-    ->ArgsProduct({{16}, {3072}, {3584}, {0}, {0, 1, 2}})
+    ->ArgsProduct({{8}, {512}, {512}, {0, 1}, {0, 1, 2, 3}})
+    ->ArgsProduct({{16}, {3072}, {3584}, {0}, {0, 1, 2, 3}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -696,12 +707,13 @@ BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
 // args: T, K, lanes. One MXFP4 expert [512, K] in cache, T bf16 tokens, on one thread: the expert
 // kernels' own arithmetic with memory out of the way (the register-decode tiles below
 // kMxfp4DecodeOnceMinTokens tokens, the decoded-rows path from there; lanes = 1: the expert in
-// 16-row lanes and mxfp4_lanes_rows, not yet used by the engine). Reported against the
+// 16-row lanes and mxfp4_lanes_rows, not yet used by the engine; lanes = 2: the row-major expert
+// through mxfp4_lanes_rows_row_major, which packs it into lanes on each call). Reported against the
 // vdpbf16ps peak of one thread probed in the same process.
 void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   context_once();
   const int64_t T = state.range(0), N = 512, K = state.range(1);
-  const bool lanes = state.range(2) != 0;
+  const bool lanes = state.range(2) == 1, row_major_lanes = state.range(2) == 2;
   const std::vector<uint8_t> packed = random_bytes(N * K / 2, 17, 0, 255);    // [N, K/2]
   const std::vector<uint8_t> scale = random_bytes(N * K / 32, 18, 118, 124);  // [N, K/32]
   const LaneMatrices lane_matrices(packed, scale, lanes ? 1 : 0, N, K);
@@ -713,6 +725,9 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
     if (lanes) {
       mxfp4_lanes_rows(xh.data(), nullptr, T, lane_matrices.codes.data(),
                        lane_matrices.scales.data(), N, K, 0, N, y.data(), N);
+    } else if (row_major_lanes) {
+      mxfp4_lanes_rows_row_major(xh.data(), nullptr, T, packed.data(), scale.data(), N, K, 0, N,
+                                 y.data(), N);
     } else {
       matmul_batch(&j, 1);
     }
@@ -736,6 +751,7 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
 BENCHMARK(BM_Mxfp4ExpertInCache)
     ->ArgNames({"T", "K", "lanes"})
     ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}, {0, 1}})
+    ->ArgsProduct({{1, 8}, {512, 1024}, {2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

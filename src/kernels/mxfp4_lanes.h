@@ -31,6 +31,15 @@ void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* 
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
                       float* y, int64_t ldy);
 
+// The same products with W in row-major codes [N, K/2] and scales [N, K/32] (any N, any row
+// range; K % 32 == 0), as a memory mapping or a shape off the 16-row groups holds them: each
+// call packs up to 128 rows at a time into the lane layout in a buffer of the calling thread
+// and runs mxfp4_lanes_rows's tiles over them, so every output has the bits mxfp4_lanes_rows
+// gives it (and the twin's).
+void mxfp4_lanes_rows_row_major(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
+                                const uint8_t* scales, int64_t N, int64_t K, int64_t row0,
+                                int64_t rows, float* y, int64_t ldy);
+
 // Scalar twin: the same arithmetic in the same order, one output at a time.
 void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                      const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,

@@ -25,6 +25,7 @@
 #include <cassert>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/count_hwy-inl.h"
 #include "kernels/mxfp4_lanes.h"
@@ -258,6 +259,110 @@ void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_
   }
 }
 
+// The 16 x 16 bytes rows[r][c] (16 bytes from each of rows[0..15]; a null row reads as zeros)
+// transposed: out + 16 c holds column c, rows 0-15 in order. Four rounds of interleaves, each
+// pairing rows (then pairs, quads and octets of rows) at twice the width of the last.
+HWY_INLINE void Transpose16x16(const uint8_t* const* rows, uint8_t* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-byte vectors
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) out[16 * j + i] = rows[i] != nullptr ? rows[i][j] : 0;
+#else
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  const hn::Full128<uint32_t> d32;
+  const hn::Full128<uint64_t> d64;
+  using V8 = hn::Vec<decltype(d8)>;
+  V8 r[16], a[16], b[16], c[16];
+  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? hn::LoadU(d8, rows[i]) : hn::Zero(d8);
+  // a[2i + h]: columns 8h .. 8h + 7 of rows 2i, 2i + 1, a 16-bit word per column.
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = hn::InterleaveLower(d8, r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = hn::InterleaveUpper(d8, r[2 * i], r[2 * i + 1]);
+  }
+  // b[4i + k]: columns 4k .. 4k + 3 of rows 4i .. 4i + 3, a 32-bit word per column.
+  for (int i = 0; i < 4; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const auto x = hn::BitCast(d16, a[4 * i + h]), y = hn::BitCast(d16, a[4 * i + 2 + h]);
+      b[4 * i + 2 * h] = hn::BitCast(d8, hn::InterleaveLower(d16, x, y));
+      b[4 * i + 2 * h + 1] = hn::BitCast(d8, hn::InterleaveUpper(d16, x, y));
+    }
+  // c[8j + m]: columns 2m, 2m + 1 of rows 8j .. 8j + 7, a 64-bit word per column.
+  for (int j = 0; j < 2; ++j)
+    for (int k = 0; k < 4; ++k) {
+      const auto x = hn::BitCast(d32, b[8 * j + k]), y = hn::BitCast(d32, b[8 * j + 4 + k]);
+      c[8 * j + 2 * k] = hn::BitCast(d8, hn::InterleaveLower(d32, x, y));
+      c[8 * j + 2 * k + 1] = hn::BitCast(d8, hn::InterleaveUpper(d32, x, y));
+    }
+  for (int m = 0; m < 8; ++m) {
+    const auto x = hn::BitCast(d64, c[m]), y = hn::BitCast(d64, c[8 + m]);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d64, x, y)), d8, out + 32 * m);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d64, x, y)), d8, out + 32 * m + 16);
+  }
+#endif
+}
+
+// Rows [0, n) (n <= 16) of row-major codes [., K/2] and scales [., K/32] as one 16-row group of
+// the lane layout (gc: 16 K/2 bytes, gs: 16 K/32): 16 x 16 transposes of a block's pairs, and of
+// 16 blocks' scales (one byte at a time for the blocks past a multiple of 16). The rows past n
+// get zero codes and zero scale bytes: their block sums are +0, so their outputs are +0.
+void PackGroup(const uint8_t* codes, const uint8_t* scales, int64_t K, int64_t n,
+               uint8_t* HWY_RESTRICT gc, uint8_t* HWY_RESTRICT gs) {
+  const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
+  const uint8_t* rows[kRows];
+  // 16 rows are 16 streams at once, more than hardware prefetchers follow: each row's lines are
+  // fetched kAhead bytes before its transposes reach them (the first kAhead at the start).
+  constexpr int64_t kAhead = 256;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < std::min(kAhead, pairs); o += 64)
+      __builtin_prefetch(codes + r * pairs + o, /*rw=*/0, /*locality=*/2);
+  for (int64_t q = 0; q < pairs; q += kBlockPairs) {  // a block's 16 pairs at a time
+    if (q % 64 == 0 && q + kAhead < pairs)
+      for (int64_t r = 0; r < n; ++r)
+        __builtin_prefetch(codes + r * pairs + q + kAhead, /*rw=*/0, /*locality=*/2);
+    for (int64_t r = 0; r < kRows; ++r) rows[r] = r < n ? codes + r * pairs + q : nullptr;
+    Transpose16x16(rows, gc + q * kRows);
+  }
+  const int64_t whole = blocks / kRows * kRows;
+  for (int64_t b = 0; b < whole; b += kRows) {
+    for (int64_t r = 0; r < kRows; ++r) rows[r] = r < n ? scales + r * blocks + b : nullptr;
+    Transpose16x16(rows, gs + b * kRows);
+  }
+  for (int64_t b = whole; b < blocks; ++b)
+    for (int64_t r = 0; r < kRows; ++r) gs[b * kRows + r] = r < n ? scales[r * blocks + b] : 0;
+}
+
+// Rows [row0, row0 + rows) of row-major codes and scales: up to 128 rows at a time packed into
+// the calling thread's buffer (PackGroup), then the same token tiles as Mxfp4LanesRows over
+// them; a ragged last group's outputs go through a buffer of their own, of which only the rows
+// that exist are copied out.
+void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
+                            const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
+                            int64_t ldy) {
+  constexpr int64_t kChunkRows = 128;
+  const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize, end = row0 + rows;
+  thread_local std::vector<uint8_t> packed;
+  thread_local std::vector<float> ragged;
+  packed.resize(static_cast<size_t>(kChunkRows * (pairs + blocks)));
+  uint8_t* pc = packed.data();
+  uint8_t* ps = pc + kChunkRows * pairs;
+  for (int64_t c0 = row0; c0 < end; c0 += kChunkRows) {
+    const int64_t n = std::min(kChunkRows, end - c0);
+    const int64_t whole = n / kRows * kRows, padded = (n + kRows - 1) / kRows * kRows;
+    for (int64_t g = 0; g < padded; g += kRows)
+      PackGroup(codes + (c0 + g) * pairs, scales + (c0 + g) * blocks, K, std::min(kRows, n - g),
+                pc + g * pairs, ps + g * blocks);
+    float* yc = y + (c0 - row0);
+    if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy);
+    if (padded > whole) {  // the ragged group: 16 outputs per token, n - whole of them kept
+      ragged.resize(static_cast<size_t>(T * kRows));
+      Mxfp4LanesRows(xh, xf, T, pc, ps, K, whole, kRows, ragged.data(), kRows);
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(yc + t * ldy + whole, ragged.data() + t * kRows,
+                    static_cast<size_t>(n - whole) * sizeof(float));
+    }
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attnres
 HWY_AFTER_NAMESPACE();
@@ -266,6 +371,7 @@ HWY_AFTER_NAMESPACE();
 namespace attnres {
 
 HWY_EXPORT(Mxfp4LanesRows);
+HWY_EXPORT(Mxfp4LanesRowsRowMajor);
 
 void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
@@ -275,6 +381,16 @@ void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* 
   (void)N;
   if (T <= 0 || rows <= 0) return;
   HWY_DYNAMIC_DISPATCH(Mxfp4LanesRows)
+  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy);
+}
+
+void mxfp4_lanes_rows_row_major(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
+                                const uint8_t* scales, int64_t N, int64_t K, int64_t row0,
+                                int64_t rows, float* y, int64_t ldy) {
+  assert(K % kMxfp4BlockSize == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= N);
+  (void)N;
+  if (T <= 0 || rows <= 0) return;
+  HWY_DYNAMIC_DISPATCH(Mxfp4LanesRowsRowMajor)
   (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy);
 }
 

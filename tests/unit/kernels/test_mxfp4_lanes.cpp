@@ -148,6 +148,56 @@ TEST(Mxfp4Lanes, ATokenAloneGetsTheBitsItGetsAmongOthers) {
   }
 }
 
+TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
+  // Row-major codes of any N: the outputs of each row are the twin's over the matrix padded to
+  // whole groups (rows past N: zero codes), whatever row range a call covers. N = 300 holds two
+  // 128-row chunks, two whole groups of a third and a ragged group of 12 rows; K = 1056 has 33
+  // blocks (scales transposed 16 blocks at a time, then one alone).
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{5, 32}, {16, 64}, {300, 96}, {20, 1056}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
+    const int64_t padded = (N + 15) / 16 * 16, pairs = K / 2, blocks = K / kMxfp4BlockSize;
+    // As above, targets without FMA run the matrix without the scale bytes 0 and 1.
+    const LaneMatrix edges(padded, K, 8, true), plain(padded, K, 8, false);
+    constexpr int64_t Tmax = 9;
+    const TokenRows x(Tmax, K, 9);
+    for_each_target([&](int64_t target) {
+      const bool fma = target < HWY_SSE4;
+      const LaneMatrix& full = fma ? edges : plain;
+      // The row-major matrix is full's first N rows.
+      const std::vector<uint8_t> codes(full.codes.begin(), full.codes.begin() + N * pairs),
+          scales(full.scales.begin(), full.scales.begin() + N * blocks);
+      for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{8}, Tmax}) {
+        for (const bool bf16_tokens : {true, false}) {
+          if (!bf16_tokens && !fma) continue;
+          SCOPED_TRACE("T " + std::to_string(T) + (bf16_tokens ? " bf16" : " f32") + " tokens");
+          const bf16* xh = bf16_tokens ? x.xh.data() : nullptr;
+          const int64_t ldy = N + 2;
+          std::vector<float> want(T * padded);
+          mxfp4_lanes_ref(xh, x.x.data(), T, full.lane_codes.data(), full.lane_scales.data(),
+                          padded, K, 0, padded, want.data(), padded);
+          for (const auto& [row0, end] :
+               {std::pair<int64_t, int64_t>{0, N}, {3, N}, {16, N}, {0, N - 1}, {130, N}}) {
+            if (row0 >= end || end > N) continue;
+            std::vector<float> got(T * ldy, -1.0f);
+            mxfp4_lanes_rows_row_major(xh, x.x.data(), T, codes.data(), scales.data(), N, K, row0,
+                                       end - row0, got.data(), ldy);
+            std::vector<float> got_rows, want_rows;
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t n = row0; n < end; ++n) {
+                got_rows.push_back(got[t * ldy + n - row0]);
+                want_rows.push_back(want[t * padded + n]);
+              }
+            expect_same(got_rows, want_rows,
+                        "rows " + std::to_string(row0) + ".." + std::to_string(end));
+            for (int64_t t = 0; t < T; ++t)  // nothing written past the call's rows
+              for (int64_t n = end - row0; n < ldy; ++n) ASSERT_EQ(got[t * ldy + n], -1.0f);
+          }
+        }
+      }
+    });
+  }
+}
+
 TEST(Mxfp4Lanes, WithinTheRoundingBoundOfAnF64Evaluation) {
   const int64_t N = 32, K = 1024, T = 5;
   const LaneMatrix m(N, K, 6, false);
