@@ -16,6 +16,9 @@
 // next NV * 16 * K/2 bytes): without that prefetch a standalone loop over 256 cold experts ran no
 // faster than the row-major kernels (docs/performance.md, "MXFP4 experts in a 16-row lane
 // layout").
+//
+// Row-major codes (Mxfp4LanesRowsRowMajor) are packed into the lane layout 128 rows at a time by
+// 16 x 16 byte transposes into a buffer of the calling thread, then run through the same tiles.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/mxfp4_lanes_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
