@@ -16,7 +16,7 @@
 #include "io/safetensors.h"
 #include "util/lanes.h"
 #include "util/memory.h"
-#include "util/mxfp4_quads.h"
+#include "util/mxfp4_lanes.h"
 
 namespace attnres {
 namespace {
@@ -45,6 +45,9 @@ bool kind_ok(Kind k, DType d) {
 }
 
 using Shape = std::vector<int64_t>;
+
+// Which part of an MXFP4 matrix a tensor is, if any (Binder::bind_split).
+enum class Mxfp4Part : uint8_t { kNone, kCodes, kScales };
 
 // Binds tensors by canonical name, collecting every problem so one load reports them all.
 class Binder {
@@ -94,13 +97,14 @@ class Binder {
   // rows are read into private memory instead of viewed in the mapping: a rank's rows of a
   // small tensor (an expert's scales, a few KB) share pages with the other ranks' rows, and page
   // faults on a mapping bring in whole pages and their neighbours, so a view would leave most
-  // of the tensor resident on every rank. `mxfp4_codes`: the tensor is an MXFP4 matrix's packed
-  // codes [rows, cols/2], which a private copy stores in row quads where the rows fit them
-  // (util/mxfp4_quads.h: the decode tiles read a quad as one stream); in the mapping (--mmap)
-  // they stay row-major. The kernels compute the same bits from either.
+  // of the tensor resident on every rank. `mxfp4`: the tensor is an MXFP4 matrix's packed
+  // codes [rows, cols/2] or its scales [rows, cols/32], which a private copy stores in 16-row
+  // lane groups where the rows fit them (util/mxfp4_lanes.h; the codes and the scales of a
+  // matrix have the same rows, so both or neither are packed); in the mapping (--mmap) they
+  // stay row-major. The kernels compute the same bits from either.
   TensorView bind_split(const std::string& canon, Kind kind, const Shape& shape,
                         const std::string& formula, int64_t units, int64_t unit_rows,
-                        bool mxfp4_codes = false) {
+                        Mxfp4Part mxfp4 = Mxfp4Part::kNone) {
     if (specs_ != nullptr) {
       specs_->push_back({canon, kind == Kind::kU8, shape, units, unit_rows});
       return TensorView{};
@@ -111,8 +115,10 @@ class Binder {
     TensorView s = slice_rows(v, r.begin * unit_rows, r.size() * unit_rows);
     report_->rank_bytes += static_cast<int64_t>(s.nbytes);
     if ((shard_.sharded() || residence_ == WeightResidence::kPrivate) && s.nbytes > 0) {
-      const bool quads = mxfp4_codes && mxfp4_quads_fit(s.shape[0], s.shape[1] * 2);
-      return private_copy(canon, v, s, quads ? Layout::kMxfp4Quads : Layout::kRowMajor);
+      const int64_t k_per_byte = mxfp4 == Mxfp4Part::kCodes ? 2 : kMxfp4BlockSize;
+      const bool lanes =
+          mxfp4 != Mxfp4Part::kNone && mxfp4_lanes_fit(s.shape[0], s.shape[1] * k_per_byte);
+      return private_copy(canon, v, s, lanes ? Layout::kMxfp4Lanes : Layout::kRowMajor);
     }
     return s;
   }
@@ -182,8 +188,8 @@ class Binder {
   }
 
   // `rows` (a slice of the mapped `whole`) read from the file into private memory, then stored
-  // in `layout` (kRowMajor as read, or kMxfp4Quads for MXFP4 codes that fit it); an empty view,
-  // with the problem recorded, when the read fails.
+  // in `layout` (kRowMajor as read, or kMxfp4Lanes for MXFP4 codes or scales that fit it); an
+  // empty view, with the problem recorded, when the read fails.
   TensorView private_copy(const std::string& canon, const TensorView& whole, const TensorView& rows,
                           Layout layout = Layout::kRowMajor) {
     if (!ok()) return rows;  // the load fails: read nothing more
@@ -206,8 +212,8 @@ class Binder {
       problem(st.code(), st.message());
       return TensorView{};
     }
-    if (layout == Layout::kMxfp4Quads)
-      pack_mxfp4_quads_in_place(reinterpret_cast<uint8_t*>(buf), rows.shape[0], rows.shape[1] * 2);
+    if (layout == Layout::kMxfp4Lanes)
+      pack_lane_groups_in_place(reinterpret_cast<uint8_t*>(buf), rows.shape[0], rows.shape[1]);
     TensorView s = rows;
     s.data = buf;
     s.layout = layout;
@@ -485,13 +491,13 @@ ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::stri
   m.cols = cols;
   m.mxfp4 = c.expert_format == ExpertFormat::kMxfp4;
   if (m.mxfp4) {
-    m.packed = b.bind_split(
-        p + ".weight_packed", Kind::kU8, {rows, cols / 2},
-        dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte", rows, 1,
-        /*mxfp4_codes=*/true);
+    m.packed =
+        b.bind_split(p + ".weight_packed", Kind::kU8, {rows, cols / 2},
+                     dims({{rows_name, rows}, {cols_name, cols}}) + ", two E2M1 codes per byte",
+                     rows, 1, Mxfp4Part::kCodes);
     m.scale = b.bind_split(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
                            dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
-                           rows, 1);
+                           rows, 1, Mxfp4Part::kScales);
   } else {
     m.dense = b.bind_projection(p + ".weight", {rows, cols},
                                 dims({{rows_name, rows}, {cols_name, cols}}), rows, 1);

@@ -10,9 +10,9 @@
 // kMapped (--mmap) leaves every tensor a view of the mapping: zero copy, a faster start and a
 // page cache shared between processes, except the sharded rows below and the projections.
 //
-// MXFP4 experts: codes read into private memory (as above, or sharded) are stored in row quads
-// (util/mxfp4_quads.h, TensorView::layout) where the rows fit them; in the mapping they stay
-// row-major. The kernels compute the same bits from either.
+// MXFP4 experts: codes and scales read into private memory (as above, or sharded) are stored
+// in 16-row lane groups (util/mxfp4_lanes.h, TensorView::layout) where the rows fit them; in the
+// mapping they stay row-major. The kernels compute the same bits from either.
 //
 // Projections: every BF16 matrix [N, K] (K even) that the forward reads only through projection
 // jobs (attention and MLP projections, the router, shared, latent and dense experts, an untied
@@ -58,8 +58,8 @@ class SafetensorsFile;  // io/safetensors.h
 using Matrix = TensorView;
 
 // A routed-expert projection [rows, cols] (rows: this rank's rows when sharded): MXFP4 (packed
-// [rows, cols/2] U8 with the low nibble the even element, row-major or in row quads as
-// packed.layout says; scale [rows, cols/32] U8 E8M0, row-major) or a dense BF16/F32 matrix.
+// [rows, cols/2] U8 with the low nibble the even element; scale [rows, cols/32] U8 E8M0; both
+// row-major or both in lane groups, as their layout says) or a dense BF16/F32 matrix.
 struct ExpertMatrix {
   bool mxfp4 = false;
   int64_t rows = 0, cols = 0;

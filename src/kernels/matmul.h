@@ -37,7 +37,8 @@ bool bf16_exact_copy(const float* x, int64_t n, bf16* out);
 bool bf16_exact_copy_ref(const float* x, int64_t n, bf16* out);  // scalar twin (same bits)
 
 // MXFP4 [N, K]: packed [N, K/2] (low nibble = even k), scale [N, K/32] E8M0; K % 32 == 0.
-// Computed straight from the packed nibbles; no dequantised copy is kept.
+// Computed straight from the packed nibbles (no dequantised copy is kept) with the arithmetic
+// and bits of the lane kernels (mxfp4_lanes.h): one job of matmul_batch.
 void mxfp4_matmul(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale, int64_t N,
                   int64_t K, float* y);
 void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
@@ -56,27 +57,28 @@ void mxfp4_matmul_ref(const float* x, int64_t T, const uint8_t* packed, const ui
 // another job of the batch reads.
 // kBF16Lanes: BF16 weights in the lane-packed layout (matmul_lanes.h: its arithmetic and bits,
 // with xh or x alike); rows are split over threads in whole groups of 64.
-// kMxfp4Quads: MXFP4 weights whose packed codes lie in row quads (util/mxfp4_quads.h): the
-// arithmetic and bits of kMxfp4; rows are split over threads in whole quads.
-enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4, kBF16Lanes, kMxfp4Quads };
+// kMxfp4 (row-major codes and scales) and kMxfp4Lanes (both in the 16-row lane layout,
+// util/mxfp4_lanes.h): the lane kernels' arithmetic and bits (mxfp4_lanes.h) from either
+// layout, with xh or x alike; rows are split over threads in groups of 16.
+enum class WeightKind : uint8_t { kF32, kBF16, kMxfp4, kBF16Lanes, kMxfp4Lanes };
 inline bool is_mxfp4(WeightKind k) {
-  return k == WeightKind::kMxfp4 || k == WeightKind::kMxfp4Quads;
+  return k == WeightKind::kMxfp4 || k == WeightKind::kMxfp4Lanes;
 }
 
 struct MatmulJob {
   const float* x = nullptr;  // [T, K] f32
   // Optional: the same [T, K] values as bf16, set only when every x value is exactly a bf16
-  // value (bf16_exact_copy). Then BF16 and MXFP4 jobs run on vdpbf16ps where the CPU has
-  // AVX512_BF16 (BF16: matmul_bf16's arithmetic; MXFP4: the block decoded to exact bf16
-  // weights; the same exact products as with f32 x, another fixed summation order, subnormal
-  // inputs flushed); elsewhere, and for F32 weights, x is used as usual. Where
-  // matmul_bf16_uses_dot_product(), a BF16 or MXFP4 job with xh reads xh alone, and x may be
-  // null (a caller that has its tokens only as bf16).
+  // value (bf16_exact_copy). Then BF16 jobs run on vdpbf16ps where the CPU has AVX512_BF16
+  // (matmul_bf16's arithmetic: the same exact products as with f32 x, another fixed summation
+  // order, subnormal inputs flushed), and MXFP4 and lane-packed jobs read xh (their kernels
+  // give the bits of x from it, up to vdpbf16ps's flushing of subnormals); elsewhere, and for
+  // F32 weights, x is used as usual. Where matmul_bf16_uses_dot_product(), a BF16 or MXFP4 job
+  // with xh reads xh alone, and x may be null (a caller that has its tokens only as bf16).
   const bf16* xh = nullptr;
   int64_t T = 0;  // tokens (rows of x and y); 0 = nothing to do
   WeightKind kind = WeightKind::kBF16;
   const void* w = nullptr;         // [N, K] f32 or bf16 (kBF16Lanes: packed); MXFP4: codes [N, K/2]
-  const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32]; unused otherwise
+  const uint8_t* scale = nullptr;  // MXFP4 E8M0 scales [N, K/32] (kMxfp4Lanes: packed)
   int64_t N = 0, K = 0;
   float* y = nullptr;  // [T, N] f32, rows ldy apart
   int64_t ldy = 0;     // row stride of y; 0 = N
@@ -95,10 +97,10 @@ MatmulJob f32_job(const float* x, int64_t T, const float* w, int64_t N, int64_t 
 // The same over a plain bf16 matrix w [N, K] (widened exactly: the same values as f32_job on
 // the widened matrix).
 MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t K, float* y);
-// An MXFP4 job; `codes` says how the packed codes lie (kRowMajor or kMxfp4Quads, which needs
-// mxfp4_quads_fit(N, K)).
+// An MXFP4 job; `layout` says how the codes and the scales lie (both kRowMajor, or both
+// kMxfp4Lanes, which needs mxfp4_lanes_fit(N, K)).
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
-                    int64_t N, int64_t K, float* y, Layout codes = Layout::kRowMajor);
+                    int64_t N, int64_t K, float* y, Layout layout = Layout::kRowMajor);
 
 // Bytes of one weight row of the job (MXFP4: packed values and scales), and of all the weights
 // it reads (N rows, without a lane-packed matrix's padding; 0 when T = 0, which reads nothing).

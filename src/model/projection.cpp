@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 
 #include "kernels/activation.h"
@@ -158,6 +159,7 @@ void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* 
 }
 
 MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
+  assert(!m.mxfp4 || m.packed.layout == m.scale.layout);
   return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y,
                              m.packed.layout)
                  : dense_job(x, T, m.dense, y);

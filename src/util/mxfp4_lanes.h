@@ -41,6 +41,13 @@ inline float mxfp4_lanes_get(const uint8_t* codes, const uint8_t* scales, int64_
                      scales[mxfp4_lanes_scale(n, k / kMxfp4BlockSize, K)]);
 }
 
+// Both parts of the layout are one rule over a row-major byte matrix [N, C] (codes: C = K/2,
+// scales: C = K/32): row n's byte c lies at ((n / 16) C + c) 16 + n mod 16. Each group of 16
+// rows keeps the 16 C bytes it had, so the rule can run in place one group at a time.
+// N % 16 == 0.
+void pack_lane_groups(const uint8_t* in, int64_t N, int64_t C, uint8_t* out);
+void pack_lane_groups_in_place(uint8_t* bytes, int64_t N, int64_t C);
+
 // Row-major codes [N, K/2] and scales [N, K/32] -> the layout above (N * K / 2 and N * K / 32
 // bytes). mxfp4_lanes_fit(N, K) must hold.
 void pack_mxfp4_lanes(const uint8_t* codes, const uint8_t* scales, int64_t N, int64_t K,

@@ -38,10 +38,11 @@ size_t dtype_size(DType d);
 
 // How a view's elements lie in memory: row-major (as files store them), the lane-packed form
 // of a BF16 projection [N, K] (util/lanes.h; its storage holds lanes_size(N, K) values, the
-// padding rows past nbytes), or the row quads of an MXFP4 matrix's packed codes [N, K/2]
-// (util/mxfp4_quads.h; the view's shape stays [N, K/2]). Readers that index the data themselves
-// take row-major views only, or say which layouts they read; get_f32 reads the first two.
-enum class Layout : uint8_t { kRowMajor, kBf16Lanes, kMxfp4Quads };
+// padding rows past nbytes), or the 16-row lane groups of an MXFP4 matrix's packed codes
+// [N, K/2] or of its scales [N, K/32] (util/mxfp4_lanes.h; the views' shapes stay as stored).
+// Readers that index the data themselves take row-major views only, or say which layouts they
+// read; get_f32 reads the first two.
+enum class Layout : uint8_t { kRowMajor, kBf16Lanes, kMxfp4Lanes };
 
 struct TensorView {
   std::string name;

@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "io/weights.h"
 #include "io_test_util.h"
+#include "util/mxfp4_lanes.h"
 
 namespace attnres {
 namespace {
@@ -66,11 +67,22 @@ TEST(Weights, TinyAShapesFollowTheConfig) {
   EXPECT_EQ(x.w1.scale.shape, (Shape{96, 2}));
   EXPECT_EQ(x.w2.packed.shape, (Shape{64, 48}));
   EXPECT_EQ(x.w2.scale.shape, (Shape{64, 3}));
-  // Read into private memory, codes whose shape fits row quads are stored in them (w1: 96 rows
-  // of 2 blocks); w2's 3 blocks a row stay row-major (util/mxfp4_quads.h).
-  EXPECT_EQ(x.w1.packed.layout, Layout::kMxfp4Quads);
-  EXPECT_EQ(x.w2.packed.layout, Layout::kRowMajor);
-  EXPECT_EQ(x.w1.scale.layout, Layout::kRowMajor);
+  // Read into private memory, codes and scales whose rows fill 16-row groups are stored in lane
+  // groups (util/mxfp4_lanes.h), each element where the layout puts it.
+  for (const ExpertMatrix* m : {&x.w1, &x.w2}) {
+    EXPECT_EQ(m->packed.layout, Layout::kMxfp4Lanes);
+    EXPECT_EQ(m->scale.layout, Layout::kMxfp4Lanes);
+  }
+  auto f = SafetensorsFile::open(golden_dir("tiny-a") + "/model.safetensors");
+  ASSERT_TRUE(f.is_ok());
+  const std::string w2 = std::string(kLm) + "layers.3.block_sparse_moe.experts.15.w2.";
+  const TensorView codes = (*f)->tensor(w2 + "weight_packed").value();
+  const TensorView scales = (*f)->tensor(w2 + "weight_scale").value();
+  for (int64_t n = 0; n < 64; ++n)
+    for (int64_t k = 0; k < 96; ++k)
+      ASSERT_EQ(mxfp4_lanes_get(x.w2.packed.as<uint8_t>(), x.w2.scale.as<uint8_t>(), n, k, 96),
+                mxfp4_get(codes.as<uint8_t>() + n * 48, scales.as<uint8_t>() + n * 3, k))
+          << n << ", " << k;
   EXPECT_EQ(l3.moe->shared_gate.shape, (Shape{192, 128}));
   EXPECT_EQ(l3.moe->latent_down.shape, (Shape{64, 128}));
   EXPECT_EQ(l3.moe->latent_norm.shape, (Shape{64}));

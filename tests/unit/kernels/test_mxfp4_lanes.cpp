@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "kernels/hwy_targets.h"
+#include "kernels/matmul.h"
 #include "kernels/mxfp4_lanes.h"
 #include "util/mxfp4_lanes.h"
 #include "util/numeric.h"
+#include "util/parallel.h"
 
 namespace attnres {
 namespace {
@@ -196,6 +198,50 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
       }
     });
   }
+}
+
+// MXFP4 jobs (matmul.h) over the same matrix in the lane layout (kMxfp4Lanes, as the loader
+// stores it) and row-major (kMxfp4, as a memory mapping holds it), with bf16 or f32 tokens, in
+// one batch with a slice of the rows, at 1, 2 and 3 threads: all give the twin's bits, so where a
+// model's experts reside never changes a logit, nor does the thread count.
+TEST(Mxfp4Lanes, JobsInEitherLayoutGiveTheTwinsBits) {
+  const int saved = parallel_threads();
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {304, 512}}) {
+    const LaneMatrix m(N, K, 11, true);
+    for (const int64_t T : {1, 3, 8, 9}) {
+      SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K) + " T " +
+                   std::to_string(T));
+      const TokenRows x(T, K, 12);
+      std::vector<float> want(T * N);
+      mxfp4_lanes_ref(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0,
+                      N, want.data(), N);
+      for (const int threads : {1, 2, 3}) {
+        set_parallel_threads(threads);
+        for (const bool bf16_tokens : {true, false}) {
+          std::vector<float> lanes(T * N, -1.0f), rows(T * N, -1.0f), part(T * 16, -1.0f);
+          MatmulJob jobs[] = {
+              mxfp4_job(x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+                        lanes.data(), Layout::kMxfp4Lanes),
+              mxfp4_job(x.x.data(), T, m.codes.data(), m.scales.data(), N, K, rows.data()),
+              // rows [N - 16, N) of the row-major matrix: a job over a slice of rows
+              mxfp4_job(x.x.data(), T, m.codes.data() + (N - 16) * (K / 2),
+                        m.scales.data() + (N - 16) * (K / kMxfp4BlockSize), 16, K, part.data())};
+          if (bf16_tokens)
+            for (MatmulJob& j : jobs) j.xh = x.xh.data();
+          matmul_batch(jobs, 3);
+          const std::string what =
+              std::to_string(threads) + " threads, " + (bf16_tokens ? "bf16" : "f32") + " tokens";
+          expect_same(lanes, want, "lanes, " + what);
+          expect_same(rows, want, "row-major, " + what);
+          std::vector<float> want_part;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = N - 16; n < N; ++n) want_part.push_back(want[t * N + n]);
+          expect_same(part, want_part, "slice, " + what);
+        }
+      }
+    }
+  }
+  set_parallel_threads(saved);
 }
 
 TEST(Mxfp4Lanes, WithinTheRoundingBoundOfAnF64Evaluation) {

@@ -26,7 +26,7 @@
 #include "synth/synth.h"
 #include "thread_group.h"
 #include "util/lanes.h"
-#include "util/mxfp4_quads.h"
+#include "util/mxfp4_lanes.h"
 
 namespace attnres {
 namespace {
@@ -214,21 +214,23 @@ TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
             const int64_t unit_rows = full.shape[0] / units, row0 = u.begin * unit_rows;
             const int64_t n_rows = u.size() * unit_rows, K = full.numel() / full.shape[0];
             ASSERT_EQ(part.nbytes, full.nbytes / static_cast<size_t>(units) * u.size());
-            if (part.layout == Layout::kMxfp4Quads) {  // MXFP4 codes whose rows fit quads
+            if (part.layout == Layout::kMxfp4Lanes) {  // MXFP4 codes or scales in whole groups
               ASSERT_EQ(full.layout, Layout::kRowMajor);
-              ASSERT_TRUE(mxfp4_quads_fit(n_rows, 2 * K));
+              ASSERT_EQ(n_rows % kMxfp4LaneRows, 0);
             } else {
               ASSERT_EQ(part.layout, full.layout);
             }
             if (part.nbytes == 0) return;
             EXPECT_TRUE(owned.contains(part.data, part.nbytes));
             EXPECT_EQ(reinterpret_cast<uintptr_t>(part.data) % 64, 0u);
-            if (part.layout == Layout::kMxfp4Quads) {  // each rank packs its own rows
-              const auto* rows = full.as<uint8_t>() + row0 * K;
+            if (part.layout == Layout::kMxfp4Lanes) {            // each rank packs its own rows
+              const auto* rows = full.as<uint8_t>() + row0 * K;  // K bytes a row
               for (int64_t n = 0; n < n_rows; ++n)
-                for (int64_t k = 0; k < 2 * K; k += 2)
-                  ASSERT_EQ(part.as<uint8_t>()[mxfp4_quads_byte(n, k, 2 * K)], rows[n * K + k / 2])
-                      << "row " << n << " byte " << k / 2;
+                for (int64_t c = 0; c < K; ++c)
+                  ASSERT_EQ(part.as<uint8_t>()[((n / kMxfp4LaneRows) * K + c) * kMxfp4LaneRows +
+                                               n % kMxfp4LaneRows],
+                            rows[n * K + c])
+                      << "row " << n << " byte " << c;
             } else if (full.layout == Layout::kRowMajor) {
               const TensorView rows = slice_rows(full, row0, n_rows);
               EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
