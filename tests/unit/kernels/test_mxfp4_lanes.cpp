@@ -154,8 +154,14 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
   // Row-major codes of any N: the outputs of each row are the twin's over the matrix padded to
   // whole groups (rows past N: zero codes), whatever row range a call covers. N = 300 holds two
   // 128-row chunks, two whole groups of a third and a ragged group of 12 rows; K = 1056 has 33
-  // blocks (scales transposed 16 blocks at a time, then one alone).
-  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{5, 32}, {16, 64}, {300, 96}, {20, 1056}}) {
+  // blocks (scales transposed 16 blocks at a time, then one alone); N = 48 and 40 at K = 256
+  // and 512 are whole groups (and a ragged one) of longer rows.
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{5, 32},
+                             {16, 64},
+                             {300, 96},
+                             {20, 1056},
+                             {48, 256},
+                             {40, 512}}) {
     SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
     const int64_t padded = (N + 15) / 16 * 16, pairs = K / 2, blocks = K / kMxfp4BlockSize;
     // As above, targets without FMA run the matrix without the scale bytes 0 and 1.
