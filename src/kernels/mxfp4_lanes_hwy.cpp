@@ -7,10 +7,12 @@
 // group's 32 unscaled bf16 weights; each token's pair is a 32-bit broadcast from its row. A
 // block's 16 pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to
 // the accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
-// horizontal sum, no table per scale, no copy of the tokens. Other targets, and f32 tokens, run
-// the same order in f32 (generic tiles).
+// horizontal sum, no table per scale, no copy of the tokens. f32 tokens on AVX3: tiles of 1-4
+// tokens x 6-2 groups in f32, the same order with fused multiply-adds, a pair's even and odd
+// weights two vpermps from a 16-entry table. Other targets run the same order in f32 (generic
+// tiles, which decode E2M1 arithmetically).
 //
-// Blocking: tokens in blocks of about 512 KiB of bf16 rows (L2); per block, each token tile walks
+// Blocking: tokens in blocks of about 512 KiB of token rows (L2); per block, each token tile walks
 // the call's groups front to back, and the first tile's reads are prefetched a tile of groups
 // ahead into L1 as it goes (the groups lie one after another, so the next tile's codes are the
 // next NV * 16 * K/2 bytes): without that prefetch a standalone loop over 256 cold experts ran no
@@ -46,6 +48,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kRows = kMxfp4LaneRows;
 constexpr int64_t kBlockPairs = kMxfp4BlockSize / 2;
 constexpr int kMaxDotTokens = 7;
+constexpr int kMaxF32Tokens = 4;  // AVX3 tiles of f32 tokens (F32Tile)
 constexpr int kMaxGenericTokens = 2;
 
 // The tokens of a call: bf16 (xh) or f32 (xf) rows of K values.
@@ -127,6 +130,71 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
 }
 
 #if HWY_TARGET == HWY_AVX3
+// The group's 16 rows' scales of one block as f32 factors (E8m0Bits).
+HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(du)> d8;
+  return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
+}
+
+// Groups of 16 rows an f32 tile of MR tokens covers: MR x NV accumulators and block sums, the
+// NV groups' even and odd weights, the table and two token broadcasts fit 32 registers.
+template <int MR>
+constexpr int F32Groups() {
+  return MR == 1 ? 6 : MR == 2 ? 4 : MR == 3 ? 3 : 2;
+}
+
+// MR f32 tokens x NV groups, as GenericTile computes them (the twin's order with fused
+// multiply-adds): a pair's 16 code bytes zero-extended to 32-bit lanes index a 16-entry f32
+// table of the E2M1 values with their low nibbles (the even element) and, shifted, their high
+// ones (the odd); each token's two elements are broadcasts. The same next-tile L1 prefetch as
+// DotTile when kPrefetch.
+template <int MR, int NV, bool kPrefetch>
+HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* HWY_RESTRICT codes,
+                          const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy) {
+  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
+  const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
+  const uint8_t* ahead = codes + NV * group_codes;  // the next tile's groups
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 s[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) s[m][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
+      if constexpr (kPrefetch) {
+        if ((q & 3) == 0)
+          for (int v = 0; v < NV; ++v)
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + ((q >> 2) * NV + v) * 64),
+                         _MM_HINT_T0);
+      }
+      __m512 even[NV], odd[NV];
+      for (int v = 0; v < NV; ++v) {
+        const __m512i d = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
+        even[v] = _mm512_permutexvar_ps(d, table);  // vpermps reads the index's low 4 bits
+        odd[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m512 xo = _mm512_set1_ps(x[m * K + 2 * q + 1]);
+        const __m512 xe = _mm512_set1_ps(x[m * K + 2 * q]);
+        for (int v = 0; v < NV; ++v)
+          s[m][v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], s[m][v]));
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
+      for (int m = 0; m < MR; ++m) acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+}
+
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 // Groups of 16 rows a tile of MR tokens covers: its MR x NV accumulators and MR x NV block sums,
@@ -134,14 +202,6 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
 template <int MR>
 constexpr int DotGroups() {
   return MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : MR == 4 ? 3 : 2;
-}
-
-// The group's 16 rows' scales of one block as f32 factors (E8m0Bits).
-ATTNRES_BF16_DOT HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint8_t, decltype(du)> d8;
-  return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
 }
 
 // The 16 E2M1 values as bf16 (the high halves of E2m1Bits, exact), in words 0-15 and again in
@@ -206,34 +266,57 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
 
-// Rows [row0, row0 + rows) (whole groups) for the mr tokens from t; y is token t's output of
+// Which tiles a call runs: DotTile (bf16 tokens on AVX512_BF16), F32Tile (f32 tokens on AVX3),
+// GenericTile (the rest).
+enum class TilePath { kDot, kF32, kGeneric };
+
+// tile(NV tag, g) over the groups [g0, g1), in runs of up to kNV groups.
+template <int kNV, class Tile>
+HWY_INLINE void ForEachGroupRun(int64_t g0, int64_t g1, const Tile& tile) {
+  for (int64_t g = g0; g < g1; g += kNV)
+    WithCount<kNV>(std::min<int64_t>(kNV, g1 - g), [&](auto tag) { tile(tag, g); });
+}
+
+// Rows [row0, row0 + rows) (whole groups) for the MR tokens from t; y is token t's output of
 // row row0. `first`: this is the first token tile over the rows in this call.
 template <int MR>
 void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
-               int64_t row0, int64_t rows, float* y, int64_t ldy, bool dot, bool first) {
+               int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first) {
   const int64_t K = x.K, g0 = row0 / kRows, g1 = (row0 + rows) / kRows;
   const int64_t group_codes = K / 2 * kRows, group_scales = K / kMxfp4BlockSize * kRows;
 #if HWY_TARGET == HWY_AVX3
-  if (dot) {
-    constexpr int kNV = DotGroups<MR>();
-    for (int64_t g = g0; g < g1; g += kNV) {
-      const int64_t nv = std::min<int64_t>(kNV, g1 - g);
-      WithCount<kNV>(nv, [&](auto tag) {
+  if (path == TilePath::kDot) {
+    ForEachGroupRun<DotGroups<MR>()>(g0, g1, [&](auto tag, int64_t g) {
+      constexpr int NV = decltype(tag)::value;
+      const uint8_t* c = codes + g * group_codes;
+      const uint8_t* s = scales + g * group_scales;
+      float* yt = y + (g - g0) * kRows;
+      if (first) {
+        DotTile<MR, NV, true>(x.xh + t * K, K, c, s, yt, ldy);
+      } else {
+        DotTile<MR, NV, false>(x.xh + t * K, K, c, s, yt, ldy);
+      }
+    });
+    return;
+  }
+  if constexpr (MR <= kMaxF32Tokens) {
+    if (path == TilePath::kF32) {
+      ForEachGroupRun<F32Groups<MR>()>(g0, g1, [&](auto tag, int64_t g) {
         constexpr int NV = decltype(tag)::value;
         const uint8_t* c = codes + g * group_codes;
         const uint8_t* s = scales + g * group_scales;
         float* yt = y + (g - g0) * kRows;
         if (first) {
-          DotTile<MR, NV, true>(x.xh + t * K, K, c, s, yt, ldy);
+          F32Tile<MR, NV, true>(x.xf + t * K, K, c, s, yt, ldy);
         } else {
-          DotTile<MR, NV, false>(x.xh + t * K, K, c, s, yt, ldy);
+          F32Tile<MR, NV, false>(x.xf + t * K, K, c, s, yt, ldy);
         }
       });
+      return;
     }
-    return;
   }
 #endif
-  (void)dot;
+  (void)path;
   (void)first;
   for (int64_t g = g0; g < g1; ++g)
     GenericTile<MR>(x, t, codes + g * group_codes, scales + g * group_scales, y + (g - g0) * kRows,
@@ -243,20 +326,24 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
 void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
                     const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
                     int64_t ldy) {
-  bool dot = false;
+  TilePath path = TilePath::kGeneric;
 #if HWY_TARGET == HWY_AVX3
-  dot = xh != nullptr && cpu_info().avx512bf16;
+  if (xh != nullptr && cpu_info().avx512bf16) path = TilePath::kDot;
+  if (xh == nullptr) path = TilePath::kF32;
 #endif
   const Tokens x{xh, xh != nullptr ? nullptr : xf, K};
-  const int64_t most = dot ? kMaxDotTokens : kMaxGenericTokens;
-  int64_t tb = std::max<int64_t>(most, (512 << 10) / std::max<int64_t>(K * 2, 1));
+  const int64_t most = path == TilePath::kDot   ? kMaxDotTokens
+                       : path == TilePath::kF32 ? kMaxF32Tokens
+                                                : kMaxGenericTokens;
+  const int64_t row_bytes = K * (xh != nullptr ? 2 : 4);
+  int64_t tb = std::max<int64_t>(most, (512 << 10) / std::max<int64_t>(row_bytes, 1));
   tb = tb / most * most;
   for (int64_t t0 = 0; t0 < T; t0 += tb) {
     const int64_t tn = std::min(tb, T - t0);
     ForEachTokenTile(tn, most, [&](int64_t t, int64_t mr) {
       WithCount<kMaxDotTokens>(mr, [&](auto tag) {
         TokenTile<decltype(tag)::value>(x, t0 + t, codes, scales, row0, rows, y + (t0 + t) * ldy,
-                                        ldy, dot, t == 0);
+                                        ldy, path, t == 0);
       });
     });
   }

@@ -47,14 +47,17 @@ struct LaneMatrix {
   }
 };
 
+// Tokens as bf16 values (xh, and x: the same values in f32) and as f32 values with full
+// mantissas (xf: products that round, so only a fused multiply-add gives the twin's bits).
 struct TokenRows {
-  std::vector<float> x;
+  std::vector<float> x, xf;
   std::vector<bf16> xh;
-  TokenRows(int64_t T, int64_t K, uint32_t seed) : x(T * K), xh(T * K) {
+  TokenRows(int64_t T, int64_t K, uint32_t seed) : x(T * K), xf(T * K), xh(T * K) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int64_t i = 0; i < T * K; ++i) {
-      xh[i] = f32_to_bf16(nd(rng));
+      xf[i] = nd(rng);
+      xh[i] = f32_to_bf16(xf[i]);
       x[i] = bf16_to_f32(xh[i]);
     }
   }
@@ -123,9 +126,9 @@ TEST(Mxfp4Lanes, KernelGivesTheTwinsBits) {
             if (row0 >= N) continue;
             const int64_t rows = N - row0, ldy = N + 3;
             std::vector<float> got(T * ldy, -1.0f), want(T * ldy, -1.0f);
-            mxfp4_lanes_rows(xh, x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+            mxfp4_lanes_rows(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
                              row0, rows, got.data(), ldy);
-            mxfp4_lanes_ref(xh, x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+            mxfp4_lanes_ref(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
                             row0, rows, want.data(), ldy);
             expect_same(got, want, "row0 " + std::to_string(row0));
           }
@@ -181,13 +184,13 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
           const bf16* xh = bf16_tokens ? x.xh.data() : nullptr;
           const int64_t ldy = N + 2;
           std::vector<float> want(T * padded);
-          mxfp4_lanes_ref(xh, x.x.data(), T, full.lane_codes.data(), full.lane_scales.data(),
+          mxfp4_lanes_ref(xh, x.xf.data(), T, full.lane_codes.data(), full.lane_scales.data(),
                           padded, K, 0, padded, want.data(), padded);
           for (const auto& [row0, end] :
                {std::pair<int64_t, int64_t>{0, N}, {3, N}, {16, N}, {0, N - 1}, {130, N}}) {
             if (row0 >= end || end > N) continue;
             std::vector<float> got(T * ldy, -1.0f);
-            mxfp4_lanes_rows_row_major(xh, x.x.data(), T, codes.data(), scales.data(), N, K, row0,
+            mxfp4_lanes_rows_row_major(xh, x.xf.data(), T, codes.data(), scales.data(), N, K, row0,
                                        end - row0, got.data(), ldy);
             std::vector<float> got_rows, want_rows;
             for (int64_t t = 0; t < T; ++t)
