@@ -138,6 +138,52 @@ HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
   return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
 }
 
+// The pieces DotTile and F32Tile share. A tile covers NV groups (the first group's codes and
+// scales; groups group_codes and group_scales bytes apart) and MR tokens.
+
+// The first tile over these groups, which streams them from memory, prefetches the next NV
+// groups' codes into L1 as it goes: NV * pairs * 16 bytes over the pairs, NV lines every 4 pairs.
+template <int NV>
+HWY_INLINE void PrefetchNextGroups(const uint8_t* next, int64_t q) {
+  if ((q & 3) != 0) return;
+  for (int v = 0; v < NV; ++v)
+    _mm_prefetch(reinterpret_cast<const char*>(next + ((q >> 2) * NV + v) * 64), _MM_HINT_T0);
+}
+
+// Pair q's 16 code bytes of each group, zero-extended to 32-bit lanes.
+template <int NV>
+HWY_INLINE void LoadPairCodes(const uint8_t* codes, int64_t group_codes, int64_t q,
+                              __m512i (&d)[NV]) {
+  for (int v = 0; v < NV; ++v)
+    d[v] = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
+}
+
+// acc += s times block b's scales, then s = 0 for the next block.
+template <int MR, int NV>
+HWY_INLINE void AddBlockSums(const uint8_t* scales, int64_t group_scales, int64_t b,
+                             __m512 (&s)[MR][NV], __m512 (&acc)[MR][NV]) {
+  for (int v = 0; v < NV; ++v) {
+    const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
+    for (int m = 0; m < MR; ++m) {
+      acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
+      s[m][v] = _mm512_setzero_ps();
+    }
+  }
+}
+
+template <int MR, int NV>
+HWY_INLINE void StoreTile(const __m512 (&acc)[MR][NV], float* HWY_RESTRICT y, int64_t ldy) {
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+}
+
+template <int MR, int NV>
+HWY_INLINE void ZeroTile(__m512 (&a)[MR][NV]) {
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) a[m][v] = _mm512_setzero_ps();
+}
+
 // Groups of 16 rows an f32 tile of MR tokens covers: MR x NV accumulators and block sums, the
 // NV groups' even and odd weights, the table and two token broadcasts fit 32 registers.
 template <int MR>
@@ -156,28 +202,20 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
-  const uint8_t* ahead = codes + NV * group_codes;  // the next tile's groups
-  __m512 acc[MR][NV];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  const uint8_t* next = codes + NV * group_codes;
+  __m512 acc[MR][NV], s[MR][NV];
+  ZeroTile(acc);
+  ZeroTile(s);
   for (int64_t b = 0; b < blocks; ++b) {
-    __m512 s[MR][NV];
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < NV; ++v) s[m][v] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
-      if constexpr (kPrefetch) {
-        if ((q & 3) == 0)
-          for (int v = 0; v < NV; ++v)
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + ((q >> 2) * NV + v) * 64),
-                         _MM_HINT_T0);
-      }
+      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, q);
+      __m512i d[NV];
+      LoadPairCodes(codes, group_codes, q, d);
       __m512 even[NV], odd[NV];
       for (int v = 0; v < NV; ++v) {
-        const __m512i d = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
-        even[v] = _mm512_permutexvar_ps(d, table);  // vpermps reads the index's low 4 bits
-        odd[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
+        even[v] = _mm512_permutexvar_ps(d[v], table);  // vpermps reads the index's low 4 bits
+        odd[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(d[v], 4), table);
       }
       for (int m = 0; m < MR; ++m) {
         const __m512 xo = _mm512_set1_ps(x[m * K + 2 * q + 1]);
@@ -186,13 +224,9 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
           s[m][v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], s[m][v]));
       }
     }
-    for (int v = 0; v < NV; ++v) {
-      const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
-      for (int m = 0; m < MR; ++m) acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
-    }
+    AddBlockSums(scales, group_scales, b, s, acc);
   }
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+  StoreTile(acc, y, ldy);
 }
 
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
@@ -224,30 +258,20 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
   const __m512i table = Bf16E2m1Table();
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
-  const uint8_t* ahead = codes + NV * group_codes;  // the next tile's groups
-  __m512 acc[MR][NV];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  const uint8_t* next = codes + NV * group_codes;
+  __m512 acc[MR][NV], s[MR][NV];
+  ZeroTile(acc);
+  ZeroTile(s);
   for (int64_t b = 0; b < blocks; ++b) {
-    __m512 s[MR][NV];
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < NV; ++v) s[m][v] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
-      if constexpr (kPrefetch) {
-        // NV groups' NV * pairs * 16 bytes over the pairs: NV lines every 4 pairs.
-        if ((q & 3) == 0)
-          for (int v = 0; v < NV; ++v)
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + ((q >> 2) * NV + v) * 64),
-                         _MM_HINT_T0);
-      }
+      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, q);
+      __m512i d[NV];
+      LoadPairCodes(codes, group_codes, q, d);
       __m512bh w[NV];
-      for (int v = 0; v < NV; ++v) {
-        const __m512i d = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
+      for (int v = 0; v < NV; ++v)
         w[v] = reinterpret_cast<__m512bh>(
-            _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), table));
-      }
+            _mm512_permutexvar_epi16(_mm512_or_si512(d[v], _mm512_slli_epi32(d[v], 12)), table));
       for (int m = 0; m < MR; ++m) {
         int32_t pair;
         std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
@@ -255,13 +279,9 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
         for (int v = 0; v < NV; ++v) s[m][v] = _mm512_dpbf16_ps(s[m][v], xb, w[v]);
       }
     }
-    for (int v = 0; v < NV; ++v) {
-      const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
-      for (int m = 0; m < MR; ++m) acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
-    }
+    AddBlockSums(scales, group_scales, b, s, acc);
   }
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+  StoreTile(acc, y, ldy);
 }
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
@@ -270,11 +290,16 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
 // GenericTile (the rest).
 enum class TilePath { kDot, kF32, kGeneric };
 
-// tile(NV tag, g) over the groups [g0, g1), in runs of up to kNV groups.
+// tile(NV tag, c, s, yt) over the groups [g0, g1) in runs of up to kNV: a run's first group's
+// codes c and scales s, and its rows' outputs yt (y: group g0's).
 template <int kNV, class Tile>
-HWY_INLINE void ForEachGroupRun(int64_t g0, int64_t g1, const Tile& tile) {
+HWY_INLINE void ForEachGroupRun(int64_t K, const uint8_t* codes, const uint8_t* scales, int64_t g0,
+                                int64_t g1, float* y, const Tile& tile) {
+  const int64_t group_codes = K / 2 * kRows, group_scales = K / kMxfp4BlockSize * kRows;
   for (int64_t g = g0; g < g1; g += kNV)
-    WithCount<kNV>(std::min<int64_t>(kNV, g1 - g), [&](auto tag) { tile(tag, g); });
+    WithCount<kNV>(std::min<int64_t>(kNV, g1 - g), [&](auto tag) {
+      tile(tag, codes + g * group_codes, scales + g * group_scales, y + (g - g0) * kRows);
+    });
 }
 
 // Rows [row0, row0 + rows) (whole groups) for the MR tokens from t; y is token t's output of
@@ -286,32 +311,22 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
   const int64_t group_codes = K / 2 * kRows, group_scales = K / kMxfp4BlockSize * kRows;
 #if HWY_TARGET == HWY_AVX3
   if (path == TilePath::kDot) {
-    ForEachGroupRun<DotGroups<MR>()>(g0, g1, [&](auto tag, int64_t g) {
-      constexpr int NV = decltype(tag)::value;
-      const uint8_t* c = codes + g * group_codes;
-      const uint8_t* s = scales + g * group_scales;
-      float* yt = y + (g - g0) * kRows;
-      if (first) {
-        DotTile<MR, NV, true>(x.xh + t * K, K, c, s, yt, ldy);
-      } else {
-        DotTile<MR, NV, false>(x.xh + t * K, K, c, s, yt, ldy);
-      }
-    });
+    ForEachGroupRun<DotGroups<MR>()>(
+        K, codes, scales, g0, g1, y, [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
+          constexpr int NV = decltype(tag)::value;
+          (first ? DotTile<MR, NV, true> : DotTile<MR, NV, false>)(x.xh + t * K, K, c, s, yt, ldy);
+        });
     return;
   }
   if constexpr (MR <= kMaxF32Tokens) {
     if (path == TilePath::kF32) {
-      ForEachGroupRun<F32Groups<MR>()>(g0, g1, [&](auto tag, int64_t g) {
-        constexpr int NV = decltype(tag)::value;
-        const uint8_t* c = codes + g * group_codes;
-        const uint8_t* s = scales + g * group_scales;
-        float* yt = y + (g - g0) * kRows;
-        if (first) {
-          F32Tile<MR, NV, true>(x.xf + t * K, K, c, s, yt, ldy);
-        } else {
-          F32Tile<MR, NV, false>(x.xf + t * K, K, c, s, yt, ldy);
-        }
-      });
+      ForEachGroupRun<F32Groups<MR>()>(
+          K, codes, scales, g0, g1, y,
+          [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
+            constexpr int NV = decltype(tag)::value;
+            (first ? F32Tile<MR, NV, true> : F32Tile<MR, NV, false>)(x.xf + t * K, K, c, s, yt,
+                                                                     ldy);
+          });
       return;
     }
   }
