@@ -308,7 +308,6 @@ template <int MR>
 void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
                int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first) {
   const int64_t K = x.K, g0 = row0 / kRows, g1 = (row0 + rows) / kRows;
-  const int64_t group_codes = K / 2 * kRows, group_scales = K / kMxfp4BlockSize * kRows;
 #if HWY_TARGET == HWY_AVX3
   if (path == TilePath::kDot) {
     ForEachGroupRun<DotGroups<MR>()>(
@@ -333,9 +332,10 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
 #endif
   (void)path;
   (void)first;
-  for (int64_t g = g0; g < g1; ++g)
-    GenericTile<MR>(x, t, codes + g * group_codes, scales + g * group_scales, y + (g - g0) * kRows,
-                    ldy);
+  ForEachGroupRun<1>(K, codes, scales, g0, g1, y,
+                     [&](auto, const uint8_t* c, const uint8_t* s, float* yt) {
+                       GenericTile<MR>(x, t, c, s, yt, ldy);
+                     });
 }
 
 void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
