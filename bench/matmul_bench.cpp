@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
@@ -74,23 +75,33 @@ std::vector<uint8_t> random_bytes(int64_t n, uint32_t seed, int lo, int hi) {
 
 // `count` MXFP4 matrices [N, K] (row-major codes and scales, side by side) in `layout`: kRowMajor
 // as a memory-mapped model holds them, or kMxfp4Lanes (util/mxfp4_lanes.h) as the loader stores
-// them in private memory; job() is matrix m's projection of T tokens (bf16 and f32).
+// them in private memory, 64-byte aligned as the loader's memory is; job() is matrix m's
+// projection of T tokens (bf16 and f32).
 struct Mxfp4Pool {
   int64_t N, K;
   Layout layout;
-  std::vector<uint8_t> codes, scales;
+  AlignedBuffer codes, scales;
   Mxfp4Pool(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scale, int64_t n,
             int64_t k, Layout l)
-      : N(n), K(k), layout(l), codes(packed), scales(scale) {
+      : N(n),
+        K(k),
+        layout(l),
+        codes(allocate_aligned(packed.size())),
+        scales(allocate_aligned(scale.size())) {
     const int64_t pb = N * K / 2, ps = N * K / 32, count = static_cast<int64_t>(packed.size()) / pb;
+    auto* c = reinterpret_cast<uint8_t*>(codes.get());
+    auto* s = reinterpret_cast<uint8_t*>(scales.get());
+    std::memcpy(c, packed.data(), packed.size());
+    std::memcpy(s, scale.data(), scale.size());
     if (layout == Layout::kMxfp4Lanes)
       for (int64_t m = 0; m < count; ++m)
-        pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, codes.data() + m * pb,
-                         scales.data() + m * ps);
+        pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, c + m * pb,
+                         s + m * ps);
   }
   MatmulJob job(int64_t m, const float* x, const bf16* xh, int64_t T, float* y) const {
-    MatmulJob j = mxfp4_job(x, T, codes.data() + m * (N * K / 2), scales.data() + m * (N * K / 32),
-                            N, K, y, layout);
+    const auto* c = reinterpret_cast<const uint8_t*>(codes.get());
+    const auto* s = reinterpret_cast<const uint8_t*>(scales.get());
+    MatmulJob j = mxfp4_job(x, T, c + m * (N * K / 2), s + m * (N * K / 32), N, K, y, layout);
     j.xh = xh;
     return j;
   }

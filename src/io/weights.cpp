@@ -118,7 +118,7 @@ class Binder {
       const int64_t k_per_byte = mxfp4 == Mxfp4Part::kCodes ? 2 : kMxfp4BlockSize;
       const bool lanes =
           mxfp4 != Mxfp4Part::kNone && mxfp4_lanes_fit(s.shape[0], s.shape[1] * k_per_byte);
-      return private_copy(canon, v, s, lanes ? Layout::kMxfp4Lanes : Layout::kRowMajor);
+      return private_copy(canon, v, s, lanes ? mxfp4 : Mxfp4Part::kNone);
     }
     return s;
   }
@@ -187,11 +187,11 @@ class Binder {
     return s;
   }
 
-  // `rows` (a slice of the mapped `whole`) read from the file into private memory, then stored
-  // in `layout` (kRowMajor as read, or kMxfp4Lanes for MXFP4 codes or scales that fit it); an
-  // empty view, with the problem recorded, when the read fails.
+  // `rows` (a slice of the mapped `whole`) read from the file into private memory, row-major as
+  // read, or, for `lanes` the part of an MXFP4 matrix whose rows fit the lane layout, packed into
+  // it in place; an empty view, with the problem recorded, when the read fails.
   TensorView private_copy(const std::string& canon, const TensorView& whole, const TensorView& rows,
-                          Layout layout = Layout::kRowMajor) {
+                          Mxfp4Part lanes = Mxfp4Part::kNone) {
     if (!ok()) return rows;  // the load fails: read nothing more
     std::byte* buf = nullptr;
     try {
@@ -212,11 +212,14 @@ class Binder {
       problem(st.code(), st.message());
       return TensorView{};
     }
-    if (layout == Layout::kMxfp4Lanes)
-      pack_lane_groups_in_place(reinterpret_cast<uint8_t*>(buf), rows.shape[0], rows.shape[1]);
+    auto* bytes = reinterpret_cast<uint8_t*>(buf);
+    if (lanes == Mxfp4Part::kCodes)
+      pack_mxfp4_lane_codes_in_place(bytes, rows.shape[0], rows.shape[1] * 2);
+    if (lanes == Mxfp4Part::kScales)
+      pack_mxfp4_lane_scales_in_place(bytes, rows.shape[0], rows.shape[1] * kMxfp4BlockSize);
     TensorView s = rows;
     s.data = buf;
-    s.layout = layout;
+    s.layout = lanes == Mxfp4Part::kNone ? Layout::kRowMajor : Layout::kMxfp4Lanes;
     report_->bytes_private += static_cast<int64_t>(rows.nbytes);
     return s;
   }

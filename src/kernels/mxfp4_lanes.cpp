@@ -22,9 +22,9 @@ void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* c
       for (int64_t b = 0; b < K / kMxfp4BlockSize; ++b) {
         float s = 0.0f;
         for (int64_t q = b * kMxfp4BlockSize / 2; q < (b + 1) * kMxfp4BlockSize / 2; ++q) {
-          const uint8_t byte = codes[mxfp4_lanes_byte(n, q, K)];
-          s = lane_pair_step(s, x_at(t, 2 * q + 1), kE2m1Values[byte >> 4], x_at(t, 2 * q),
-                             kE2m1Values[byte & 0x0f]);
+          s = lane_pair_step(s, x_at(t, 2 * q + 1),
+                             kE2m1Values[mxfp4_lanes_code(codes, n, 2 * q + 1, K)], x_at(t, 2 * q),
+                             kE2m1Values[mxfp4_lanes_code(codes, n, 2 * q, K)]);
         }
         acc = std::fma(s, e8m0_to_f32(scales[mxfp4_lanes_scale(n, b, K)]), acc);
       }

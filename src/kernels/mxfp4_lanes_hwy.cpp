@@ -1,12 +1,13 @@
 // MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h) with Highway runtime dispatch.
 //
 // AVX3 with AVX512_BF16 and bf16 tokens: register tiles of MR tokens (1-7) x NV groups of 16
-// rows. Per pair of elements a group's 16 code bytes are zero-extended to 32-bit lanes, d |
-// (d << 12) puts the even element's nibble in the low word's index bits and the odd one's in the
-// high word's, and one vpermw from a fixed 32-word table (the 16 E2M1 values twice) gives the
-// group's 32 unscaled bf16 weights; each token's pair is a 32-bit broadcast from its row. A
-// block's 16 pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to
-// the accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
+// rows. A group's codes of four pairs are one 64-byte load (the quad of util/mxfp4_lanes.h): per
+// pair one vpermw of the words' low five bits from a fixed 32-word table (the 16 E2M1 values
+// twice, so that bit 4, the next nibble's, does not matter) gives the group's 32 unscaled bf16
+// weights, even elements in the low words and odd in the high, and one 4-bit word shift brings
+// up the next pair's codes; each token's pair is a 32-bit broadcast from its row. A block's 16
+// pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to the
+// accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
 // horizontal sum, no table per scale, no copy of the tokens. f32 tokens on AVX3: tiles of 1-4
 // tokens x 6-2 groups in f32, the same order with fused multiply-adds, a pair's even and odd
 // weights two vpermps from a 16-entry table. Other targets run the same order in f32 (generic
@@ -20,7 +21,8 @@
 // layout").
 //
 // Row-major codes (Mxfp4LanesRowsRowMajor) are packed into the lane layout 128 rows at a time by
-// 16 x 16 byte transposes into a buffer of the calling thread, then run through the same tiles.
+// 16 x 16 byte transposes and a nibble shuffle into a buffer of the calling thread, then run
+// through the same tiles.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/mxfp4_lanes_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -47,7 +49,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kRows = kMxfp4LaneRows;
 constexpr int64_t kBlockPairs = kMxfp4BlockSize / 2;
-constexpr int kMaxDotTokens = 7;
+constexpr int64_t kQuadPairs = 4;  // the pairs of a quad (util/mxfp4_lanes.h)
+constexpr int64_t kBlockQuads = kBlockPairs / kQuadPairs;
+constexpr int kMaxDotTokens = 4;
 constexpr int kMaxF32Tokens = 4;  // AVX3 tiles of f32 tokens (F32Tile)
 constexpr int kMaxGenericTokens = 2;
 
@@ -60,6 +64,15 @@ struct Tokens {
     return xh != nullptr ? bf16_to_f32(bf16{xh[t * K + k]}) : xf[t * K + k];
   }
 };
+
+// A quad's 64 bytes as its 16 rows' 32-bit lanes (little-endian words; loads and stores of
+// vectors and of the scalar target's lanes copy bytes, so the bytes' alignment does not matter).
+HWY_INLINE const uint32_t* QuadLanes(const uint8_t* quad) {
+  return reinterpret_cast<const uint32_t*>(quad);
+}
+HWY_INLINE uint32_t* QuadLanes(uint8_t* quad) {
+  return reinterpret_cast<uint32_t*>(quad);
+}
 
 // The E2M1 values of codes c (u32 lanes, 0..15) as f32 bits: magnitudes 2..7 are normal numbers
 // (exponent (m >> 1) - 1, one mantissa bit m & 1), 1 is 0.5, 0 is 0; bit 3 is the sign.
@@ -83,9 +96,10 @@ HWY_INLINE VU E8m0Bits(DU du, VU e) {
 }
 
 // Generic targets and f32 tokens: MR tokens (from t) x one group, the group's 16 rows as
-// 16 / L vectors. A pair's 16 code bytes are widened to 32-bit lanes and both nibbles decoded to
-// f32 (E2m1Bits), then every token's two broadcasts feed MulAdd (for bf16 tokens the product is
-// exact, so this is the twin's arithmetic on every target; for f32 tokens on targets with FMA).
+// 16 / L vectors. A quad's codes are 32-bit lanes, one per row; per pair the low nibbles of the
+// lane's two words (even, odd) are decoded to f32 (E2m1Bits), then every token's two broadcasts
+// feed MulAdd (for bf16 tokens the product is exact, so this is the twin's arithmetic on every
+// target; for f32 tokens on targets with FMA).
 template <int MR>
 HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RESTRICT codes,
                               const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y,
@@ -94,6 +108,7 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint8_t, decltype(du)> d8;
   using V = hn::Vec<decltype(df)>;
+  using VU = hn::Vec<decltype(du)>;
   // x86 vectors have a fixed width: Lanes(df) == MaxLanes(df), at most 16 floats.
   constexpr int64_t kMaxV = kRows / static_cast<int64_t>(hn::MaxLanes(df));
   const int64_t L = static_cast<int64_t>(hn::Lanes(df)), NV = kRows / L, K = x.K;
@@ -104,18 +119,24 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
   for (int64_t b = 0; b < K / kMxfp4BlockSize; ++b) {
     for (int m = 0; m < MR; ++m)
       for (int64_t v = 0; v < NV; ++v) s[m][v] = hn::Zero(df);
-    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
-      V odd[kMaxV], even[kMaxV];
-      for (int64_t v = 0; v < NV; ++v) {
-        const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, codes + q * kRows + v * L));
-        even[v] = hn::BitCast(df, E2m1Bits(du, hn::And(bytes, hn::Set(du, 0x0fu))));
-        odd[v] = hn::BitCast(df, E2m1Bits(du, hn::ShiftRight<4>(bytes)));
-      }
-      for (int m = 0; m < MR; ++m) {
-        const V xo = hn::Set(df, x.at(t + m, 2 * q + 1)), xe = hn::Set(df, x.at(t + m, 2 * q));
+    for (int64_t u = b * kBlockQuads; u < (b + 1) * kBlockQuads; ++u) {
+      VU lane[kMaxV];  // pair q's codes in the words' low nibbles (E2m1Bits reads bits 0-3)
+      for (int64_t v = 0; v < NV; ++v)
+        lane[v] = hn::LoadU(du, QuadLanes(codes + u * kMxfp4QuadBytes) + v * L);
+      for (int64_t p = 0; p < kQuadPairs; ++p) {
+        const int64_t q = u * kQuadPairs + p;
+        V odd[kMaxV], even[kMaxV];
         for (int64_t v = 0; v < NV; ++v) {
-          s[m][v] = hn::MulAdd(xo, odd[v], s[m][v]);
-          s[m][v] = hn::MulAdd(xe, even[v], s[m][v]);
+          even[v] = hn::BitCast(df, E2m1Bits(du, lane[v]));
+          odd[v] = hn::BitCast(df, E2m1Bits(du, hn::ShiftRight<16>(lane[v])));
+          lane[v] = hn::ShiftRight<4>(lane[v]);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const V xo = hn::Set(df, x.at(t + m, 2 * q + 1)), xe = hn::Set(df, x.at(t + m, 2 * q));
+          for (int64_t v = 0; v < NV; ++v) {
+            s[m][v] = hn::MulAdd(xo, odd[v], s[m][v]);
+            s[m][v] = hn::MulAdd(xe, even[v], s[m][v]);
+          }
         }
       }
     }
@@ -142,21 +163,19 @@ HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
 // scales; groups group_codes and group_scales bytes apart) and MR tokens.
 
 // The first tile over these groups, which streams them from memory, prefetches the next NV
-// groups' codes into L1 as it goes: NV * pairs * 16 bytes over the pairs, NV lines every 4 pairs.
+// groups' codes into L1 as it goes: NV * quads * 64 bytes over the quads, NV lines a quad.
 template <int NV>
-HWY_INLINE void PrefetchNextGroups(const uint8_t* next, int64_t q) {
-  if ((q & 3) != 0) return;
+HWY_INLINE void PrefetchNextGroups(const uint8_t* next, int64_t u) {
   for (int v = 0; v < NV; ++v)
-    _mm_prefetch(reinterpret_cast<const char*>(next + ((q >> 2) * NV + v) * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(next + (u * NV + v) * kMxfp4QuadBytes), _MM_HINT_T0);
 }
 
-// Pair q's 16 code bytes of each group, zero-extended to 32-bit lanes.
+// Quad u's codes of each group: 32-bit lanes, one per row (util/mxfp4_lanes.h).
 template <int NV>
-HWY_INLINE void LoadPairCodes(const uint8_t* codes, int64_t group_codes, int64_t q,
+HWY_INLINE void LoadQuadCodes(const uint8_t* codes, int64_t group_codes, int64_t u,
                               __m512i (&d)[NV]) {
   for (int v = 0; v < NV; ++v)
-    d[v] = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + v * group_codes + q * kRows)));
+    d[v] = _mm512_loadu_si512(codes + v * group_codes + u * kMxfp4QuadBytes);
 }
 
 // acc += s times block b's scales, then s = 0 for the next block.
@@ -192,10 +211,10 @@ constexpr int F32Groups() {
 }
 
 // MR f32 tokens x NV groups, as GenericTile computes them (the twin's order with fused
-// multiply-adds): a pair's 16 code bytes zero-extended to 32-bit lanes index a 16-entry f32
-// table of the E2M1 values with their low nibbles (the even element) and, shifted, their high
-// ones (the odd); each token's two elements are broadcasts. The same next-tile L1 prefetch as
-// DotTile when kPrefetch.
+// multiply-adds): a quad's 32-bit lanes index a 16-entry f32 table of the E2M1 values with their
+// low four bits (vpermps reads no more), the pair's even element, and, shifted by 16, its odd
+// one; a 4-bit shift brings up the next pair. Each token's two elements are broadcasts. The same
+// next-tile L1 prefetch as DotTile when kPrefetch.
 template <int MR, int NV, bool kPrefetch>
 HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* HWY_RESTRICT codes,
                           const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy) {
@@ -207,21 +226,29 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
   ZeroTile(acc);
   ZeroTile(s);
   for (int64_t b = 0; b < blocks; ++b) {
+    // Constant counts, which GCC unrolls: the block's 16 pairs in straight code, so that the
+    // block sums stay in registers.
 #pragma GCC unroll 4
-    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
-      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, q);
+    for (int64_t j = 0; j < kBlockQuads; ++j) {
+      const int64_t u = b * kBlockQuads + j;
+      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, u);
       __m512i d[NV];
-      LoadPairCodes(codes, group_codes, q, d);
-      __m512 even[NV], odd[NV];
-      for (int v = 0; v < NV; ++v) {
-        even[v] = _mm512_permutexvar_ps(d[v], table);  // vpermps reads the index's low 4 bits
-        odd[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(d[v], 4), table);
-      }
-      for (int m = 0; m < MR; ++m) {
-        const __m512 xo = _mm512_set1_ps(x[m * K + 2 * q + 1]);
-        const __m512 xe = _mm512_set1_ps(x[m * K + 2 * q]);
-        for (int v = 0; v < NV; ++v)
-          s[m][v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], s[m][v]));
+      LoadQuadCodes(codes, group_codes, u, d);
+#pragma GCC unroll 4
+      for (int64_t p = 0; p < kQuadPairs; ++p) {
+        const int64_t q = u * kQuadPairs + p;
+        __m512 even[NV], odd[NV];
+        for (int v = 0; v < NV; ++v) {
+          even[v] = _mm512_permutexvar_ps(d[v], table);
+          odd[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(d[v], 16), table);
+          d[v] = _mm512_srli_epi32(d[v], 4);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xo = _mm512_set1_ps(x[m * K + 2 * q + 1]);
+          const __m512 xe = _mm512_set1_ps(x[m * K + 2 * q]);
+          for (int v = 0; v < NV; ++v)
+            s[m][v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], s[m][v]));
+        }
       }
     }
     AddBlockSums(scales, group_scales, b, s, acc);
@@ -232,14 +259,14 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 // Groups of 16 rows a tile of MR tokens covers: its MR x NV accumulators and MR x NV block sums,
-// the NV decoded weight vectors and the scales fit the 32 vector registers.
+// the NV quads of codes, a decoded weight vector and the scales fit the 32 vector registers.
 template <int MR>
 constexpr int DotGroups() {
-  return MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : MR == 4 ? 3 : 2;
+  return MR == 1 ? 7 : MR == 2 ? 4 : MR == 3 ? 3 : 2;
 }
 
 // The 16 E2M1 values as bf16 (the high halves of E2m1Bits, exact), in words 0-15 and again in
-// 16-31, so that vpermw's 5-bit index may carry any bit 4.
+// 16-31, so that vpermw's 5-bit index may carry any bit 4 (the next nibble's lowest bit).
 ATTNRES_BF16_DOT HWY_INLINE __m512i Bf16E2m1Table() {
   const hn::ScalableTag<uint32_t> du;
   const __m256i words =
@@ -263,20 +290,28 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
   ZeroTile(acc);
   ZeroTile(s);
   for (int64_t b = 0; b < blocks; ++b) {
+    // Constant counts, which GCC unrolls: the block's 16 pairs in straight code, so that the
+    // block sums stay in registers.
 #pragma GCC unroll 4
-    for (int64_t q = b * kBlockPairs; q < (b + 1) * kBlockPairs; ++q) {
-      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, q);
+    for (int64_t j = 0; j < kBlockQuads; ++j) {
+      const int64_t u = b * kBlockQuads + j;
+      if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, u);
       __m512i d[NV];
-      LoadPairCodes(codes, group_codes, q, d);
-      __m512bh w[NV];
-      for (int v = 0; v < NV; ++v)
-        w[v] = reinterpret_cast<__m512bh>(
-            _mm512_permutexvar_epi16(_mm512_or_si512(d[v], _mm512_slli_epi32(d[v], 12)), table));
-      for (int m = 0; m < MR; ++m) {
-        int32_t pair;
-        std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
-        const __m512bh xb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-        for (int v = 0; v < NV; ++v) s[m][v] = _mm512_dpbf16_ps(s[m][v], xb, w[v]);
+      LoadQuadCodes(codes, group_codes, u, d);
+#pragma GCC unroll 4
+      for (int64_t p = 0; p < kQuadPairs; ++p) {
+        const int64_t q = u * kQuadPairs + p;
+        __m512bh w[NV];
+        for (int v = 0; v < NV; ++v) {
+          w[v] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(d[v], table));
+          d[v] = _mm512_srli_epi16(d[v], 4);
+        }
+        for (int m = 0; m < MR; ++m) {
+          int32_t pair;
+          std::memcpy(&pair, x + m * K + 2 * q, sizeof(pair));
+          const __m512bh xb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+          for (int v = 0; v < NV; ++v) s[m][v] = _mm512_dpbf16_ps(s[m][v], xb, w[v]);
+        }
       }
     }
     AddBlockSums(scales, group_scales, b, s, acc);
@@ -406,10 +441,30 @@ HWY_INLINE void Transpose16x16(const uint8_t* const* rows, uint8_t* HWY_RESTRICT
 #endif
 }
 
+// Four pairs' codes of a group with the 16 rows' bytes of each pair side by side (pairs: 4 x 16
+// bytes, low nibble = the even element) -> the quad of util/mxfp4_lanes.h (64 bytes): row r's
+// 32-bit lane holds its even codes in the low word and its odd codes in the high word, pair s's
+// at bits 4s.
+HWY_INLINE void PairsToQuad(const uint8_t* HWY_RESTRICT pairs, uint8_t* HWY_RESTRICT quad) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Rebind<uint8_t, decltype(du)> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(du));
+  for (int64_t r = 0; r < kRows; r += L) {
+    auto lane = hn::Zero(du);
+    for (int s = 0; s < static_cast<int>(kQuadPairs); ++s) {
+      const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, pairs + s * kRows + r));
+      const auto even = hn::And(bytes, hn::Set(du, 0x0fu)), odd = hn::ShiftRight<4>(bytes);
+      lane = hn::Or(lane, hn::ShiftLeftSame(hn::Or(even, hn::ShiftLeft<16>(odd)), 4 * s));
+    }
+    hn::StoreU(lane, du, QuadLanes(quad) + r);
+  }
+}
+
 // Rows [0, n) (n <= 16) of row-major codes [., K/2] and scales [., K/32] as one 16-row group of
-// the lane layout (gc: 16 K/2 bytes, gs: 16 K/32): 16 x 16 transposes of a block's pairs, and of
-// 16 blocks' scales (one byte at a time for the blocks past a multiple of 16). The rows past n
-// get zero codes and zero scale bytes: their block sums are +0, so their outputs are +0.
+// the lane layout (gc: 16 K/2 bytes, gs: 16 K/32): 16 x 16 transposes of a block's pairs, then
+// rearranged into quads, and 16 x 16 transposes of 16 blocks' scales (one byte at a time for the
+// blocks past a multiple of 16). The rows past n get zero codes and zero scale bytes: their
+// block sums are +0, so their outputs are +0.
 void PackGroup(const uint8_t* codes, const uint8_t* scales, int64_t K, int64_t n,
                uint8_t* HWY_RESTRICT gc, uint8_t* HWY_RESTRICT gs) {
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
@@ -420,12 +475,15 @@ void PackGroup(const uint8_t* codes, const uint8_t* scales, int64_t K, int64_t n
   for (int64_t r = 0; r < n; ++r)
     for (int64_t o = 0; o < std::min(kAhead, pairs); o += 64)
       __builtin_prefetch(codes + r * pairs + o, /*rw=*/0, /*locality=*/2);
+  alignas(64) uint8_t block[kBlockPairs * kRows];     // a block's pairs, 16 rows side by side
   for (int64_t q = 0; q < pairs; q += kBlockPairs) {  // a block's 16 pairs at a time
     if (q % 64 == 0 && q + kAhead < pairs)
       for (int64_t r = 0; r < n; ++r)
         __builtin_prefetch(codes + r * pairs + q + kAhead, /*rw=*/0, /*locality=*/2);
     for (int64_t r = 0; r < kRows; ++r) rows[r] = r < n ? codes + r * pairs + q : nullptr;
-    Transpose16x16(rows, gc + q * kRows);
+    Transpose16x16(rows, block);
+    for (int64_t u = 0; u < kBlockQuads; ++u)
+      PairsToQuad(block + u * kQuadPairs * kRows, gc + q * kRows + u * kMxfp4QuadBytes);
   }
   const int64_t whole = blocks / kRows * kRows;
   for (int64_t b = 0; b < whole; b += kRows) {

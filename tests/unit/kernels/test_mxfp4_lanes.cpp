@@ -85,7 +85,7 @@ TEST(Mxfp4Lanes, FitNeedsWholeGroupsAndBlocks) {
 
 TEST(Mxfp4Lanes, PackedFormHoldsEveryElementOnce) {
   const LaneMatrix m(48, 96, 1, true);
-  std::vector<int> seen_codes(m.codes.size(), 0), seen_scales(m.scales.size(), 0);
+  std::vector<int> seen_codes(2 * m.codes.size(), 0), seen_scales(m.scales.size(), 0);
   for (int64_t n = 0; n < m.N; ++n)
     for (int64_t k = 0; k < m.K; ++k) {
       const float a = mxfp4_lanes_get(m.lane_codes.data(), m.lane_scales.data(), n, k, m.K);
@@ -95,7 +95,7 @@ TEST(Mxfp4Lanes, PackedFormHoldsEveryElementOnce) {
       if (!std::isnan(b)) {
         ASSERT_EQ(a, b) << n << "," << k;
       }
-      if (k % 2 == 0) ++seen_codes[static_cast<size_t>(mxfp4_lanes_byte(n, k / 2, m.K))];
+      ++seen_codes[static_cast<size_t>(mxfp4_lanes_nibble(n, k, m.K))];
       if (k % kMxfp4BlockSize == 0)
         ++seen_scales[static_cast<size_t>(mxfp4_lanes_scale(n, k / kMxfp4BlockSize, m.K))];
     }

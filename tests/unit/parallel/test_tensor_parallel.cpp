@@ -225,12 +225,20 @@ TEST(WeightShards, ShardedRowsAreReadIntoPrivateMemory) {
             EXPECT_EQ(reinterpret_cast<uintptr_t>(part.data) % 64, 0u);
             if (part.layout == Layout::kMxfp4Lanes) {            // each rank packs its own rows
               const auto* rows = full.as<uint8_t>() + row0 * K;  // K bytes a row
+              const bool codes = full.name.ends_with("weight_packed");  // else the scales
               for (int64_t n = 0; n < n_rows; ++n)
-                for (int64_t c = 0; c < K; ++c)
-                  ASSERT_EQ(part.as<uint8_t>()[((n / kMxfp4LaneRows) * K + c) * kMxfp4LaneRows +
-                                               n % kMxfp4LaneRows],
-                            rows[n * K + c])
-                      << "row " << n << " byte " << c;
+                for (int64_t c = 0; c < K; ++c) {
+                  if (codes) {  // two elements a byte, each code where the layout puts it
+                    for (int64_t e = 0; e < 2; ++e)
+                      ASSERT_EQ(mxfp4_lanes_code(part.as<uint8_t>(), n, 2 * c + e, 2 * K),
+                                (rows[n * K + c] >> (4 * e)) & 0x0f)
+                          << "row " << n << " element " << 2 * c + e;
+                  } else {
+                    ASSERT_EQ(part.as<uint8_t>()[mxfp4_lanes_scale(n, c, kMxfp4BlockSize * K)],
+                              rows[n * K + c])
+                        << "row " << n << " block " << c;
+                  }
+                }
             } else if (full.layout == Layout::kRowMajor) {
               const TensorView rows = slice_rows(full, row0, n_rows);
               EXPECT_EQ(std::memcmp(part.data, rows.data, rows.nbytes), 0);
