@@ -669,10 +669,12 @@ BENCHMARK(BM_GemmMxfp4ExpertsBf16Act)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// args: T, K, lanes. One MXFP4 expert [512, K] in cache, T bf16 tokens, on one thread: the expert
-// kernels' own arithmetic with memory out of the way (lanes = 1: in 16-row lane groups, as
-// loaded; lanes = 0: row-major, as memory-mapped, packed into lanes on each call). Reported
-// against the vdpbf16ps peak of one thread probed in the same process.
+// args: T, K, lanes, f32. One MXFP4 expert [512, K] in cache, T tokens, on one thread: the
+// expert kernels' own arithmetic with memory out of the way (lanes = 1: in 16-row lane groups, as
+// loaded; lanes = 0: row-major, as memory-mapped, packed into lanes on each call; f32 = 1: the
+// tokens in f32, as the f32 flow (--dtype f32) gives them, else in bf16). Reported against the
+// vdpbf16ps peak of one thread probed in the same process (for f32 tokens the FMA peak is half
+// of it on AVX-512 hosts).
 void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   context_once();
   const int64_t T = state.range(0), N = 512, K = state.range(1);
@@ -681,7 +683,8 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   const Mxfp4Pool matrix(packed, scale, N, K, mxfp4_layout(state.range(2)));
   const auto [x, xh] = random_bf16_tokens(state, T * K, 19);  // [T, K]
   std::vector<float> y(static_cast<size_t>(T * N));           // [T, N]
-  const MatmulJob j = matrix.job(0, x.data(), xh.data(), T, y.data());
+  const bool f32_tokens = state.range(3) != 0;
+  const MatmulJob j = matrix.job(0, x.data(), f32_tokens ? nullptr : xh.data(), T, y.data());
   const auto product = [&] { matmul_batch(&j, 1); };
   const int saved = parallel_threads();
   set_parallel_threads(1);
@@ -700,9 +703,10 @@ void BM_Mxfp4ExpertInCache(benchmark::State& state) {
   state.counters["best_of_peak"] = gflop / best.seconds() / peak;
 }
 BENCHMARK(BM_Mxfp4ExpertInCache)
-    ->ArgNames({"T", "K", "lanes"})
-    ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}, {1}})
-    ->ArgsProduct({{1, 8}, {512, 1024}, {0}})
+    ->ArgNames({"T", "K", "lanes", "f32"})
+    ->ArgsProduct({{1, 4, 5, 7, 8, 9, 10, 11, 12, 16}, {512, 1024}, {1}, {0}})
+    ->ArgsProduct({{1, 8}, {512, 1024}, {0}, {0}})
+    ->ArgsProduct({{1, 2, 3, 4, 8}, {512}, {1}, {1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
