@@ -65,13 +65,10 @@ struct Tokens {
   }
 };
 
-// A quad's 64 bytes as its 16 rows' 32-bit lanes (little-endian words; loads and stores of
-// vectors and of the scalar target's lanes copy bytes, so the bytes' alignment does not matter).
+// A quad's 64 bytes as its 16 rows' 32-bit lanes (little-endian words; loads of vectors and of
+// the scalar target's lanes copy bytes, so the bytes' alignment does not matter).
 HWY_INLINE const uint32_t* QuadLanes(const uint8_t* quad) {
   return reinterpret_cast<const uint32_t*>(quad);
-}
-HWY_INLINE uint32_t* QuadLanes(uint8_t* quad) {
-  return reinterpret_cast<uint32_t*>(quad);
 }
 
 // The E2M1 values of codes c (u32 lanes, 0..15) as f32 bits: magnitudes 2..7 are normal numbers
@@ -446,18 +443,39 @@ HWY_INLINE void Transpose16x16(const uint8_t* const* rows, uint8_t* HWY_RESTRICT
 // 32-bit lane holds its even codes in the low word and its odd codes in the high word, pair s's
 // at bits 4s.
 HWY_INLINE void PairsToQuad(const uint8_t* HWY_RESTRICT pairs, uint8_t* HWY_RESTRICT quad) {
-  const hn::ScalableTag<uint32_t> du;
-  const hn::Rebind<uint8_t, decltype(du)> d8;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(du));
-  for (int64_t r = 0; r < kRows; r += L) {
-    auto lane = hn::Zero(du);
+#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-byte vectors
+  for (int64_t r = 0; r < kRows; ++r) {
+    uint32_t lane = 0;
     for (int s = 0; s < static_cast<int>(kQuadPairs); ++s) {
-      const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, pairs + s * kRows + r));
-      const auto even = hn::And(bytes, hn::Set(du, 0x0fu)), odd = hn::ShiftRight<4>(bytes);
-      lane = hn::Or(lane, hn::ShiftLeftSame(hn::Or(even, hn::ShiftLeft<16>(odd)), 4 * s));
+      const uint32_t b = pairs[s * kRows + r];
+      lane |= (b & 0x0fu) << (4 * s) | (b >> 4) << (16 + 4 * s);
     }
-    hn::StoreU(lane, du, QuadLanes(quad) + r);
+    std::memcpy(quad + 4 * r, &lane, sizeof(lane));
   }
+#else
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  const auto low = hn::Set(d8, 0x0f), high = hn::Set(d8, 0xf0);
+  // Row r's lane is the bytes even[0][r], even[1][r], odd[0][r], odd[1][r]: even[h] holds pairs
+  // 2h and 2h + 1's even codes (low nibbles), odd[h] their odd codes, pair 2h's in bits 0-3.
+  hn::Vec<decltype(d8)> even[2], odd[2];
+  for (int h = 0; h < 2; ++h) {
+    const auto a = hn::LoadU(d8, pairs + 2 * h * kRows);
+    const auto b = hn::LoadU(d8, pairs + (2 * h + 1) * kRows);
+    const auto b_up = hn::BitCast(d8, hn::ShiftLeft<4>(hn::BitCast(d16, b)));
+    const auto a_down = hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, a)));
+    even[h] = hn::Or(hn::And(a, low), hn::And(b_up, high));
+    odd[h] = hn::Or(hn::And(a_down, low), hn::And(b, high));
+  }
+  const auto even_lo = hn::BitCast(d16, hn::InterleaveLower(d8, even[0], even[1]));  // rows 0-7
+  const auto even_hi = hn::BitCast(d16, hn::InterleaveUpper(d8, even[0], even[1]));  // 8-15
+  const auto odd_lo = hn::BitCast(d16, hn::InterleaveLower(d8, odd[0], odd[1]));
+  const auto odd_hi = hn::BitCast(d16, hn::InterleaveUpper(d8, odd[0], odd[1]));
+  hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d16, even_lo, odd_lo)), d8, quad);  // rows 0-3
+  hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d16, even_lo, odd_lo)), d8, quad + 16);
+  hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d16, even_hi, odd_hi)), d8, quad + 32);
+  hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d16, even_hi, odd_hi)), d8, quad + 48);
+#endif
 }
 
 // Rows [0, n) (n <= 16) of row-major codes [., K/2] and scales [., K/32] as one 16-row group of
