@@ -1,6 +1,6 @@
 // MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h) with Highway runtime dispatch.
 //
-// AVX3 with AVX512_BF16 and bf16 tokens: register tiles of MR tokens (1-7) x NV groups of 16
+// AVX3 with AVX512_BF16 and bf16 tokens: register tiles of MR tokens (1-4) x NV groups of 16
 // rows. A group's codes of four pairs are one 64-byte load (the quad of util/mxfp4_lanes.h): per
 // pair one vpermw of the words' low five bits from a fixed 32-word table (the 16 E2M1 values
 // twice, so that bit 4, the next nibble's, does not matter) gives the group's 32 unscaled bf16
@@ -256,7 +256,8 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 // Groups of 16 rows a tile of MR tokens covers: its MR x NV accumulators and MR x NV block sums,
-// the NV quads of codes, a decoded weight vector and the scales fit the 32 vector registers.
+// the NV groups' quads of codes and decoded weights, the table and a token's broadcast fit the 32
+// vector registers (more tokens than 4 leave room for one group only).
 template <int MR>
 constexpr int DotGroups() {
   return MR == 1 ? 7 : MR == 2 ? 4 : MR == 3 ? 3 : 2;
