@@ -93,10 +93,11 @@ struct Mxfp4Pool {
     auto* s = reinterpret_cast<uint8_t*>(scales.get());
     std::memcpy(c, packed.data(), packed.size());
     std::memcpy(s, scale.data(), scale.size());
-    if (layout == Layout::kMxfp4Lanes)
-      for (int64_t m = 0; m < count; ++m)
-        pack_mxfp4_lanes(packed.data() + m * pb, scale.data() + m * ps, N, K, c + m * pb,
-                         s + m * ps);
+    if (layout == Layout::kMxfp4Lanes)  // packed in place, as the loader packs what it reads
+      for (int64_t m = 0; m < count; ++m) {
+        pack_mxfp4_lane_codes_in_place(c + m * pb, N, K);
+        pack_mxfp4_lane_scales_in_place(s + m * ps, N, K);
+      }
   }
   MatmulJob job(int64_t m, const float* x, const bf16* xh, int64_t T, float* y) const {
     const auto* c = reinterpret_cast<const uint8_t*>(codes.get());
