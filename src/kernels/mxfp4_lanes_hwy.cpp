@@ -15,10 +15,11 @@
 //
 // Blocking: tokens in blocks of about 512 KiB of token rows (L2); per block, each token tile walks
 // the call's groups front to back, and the first tile's reads are prefetched a tile of groups
-// ahead into L1 as it goes (the groups lie one after another, so the next tile's codes are the
+// ahead into L2 as it goes (the groups lie one after another, so the next tile's codes are the
 // next NV * 16 * K/2 bytes): without that prefetch a standalone loop over 256 cold experts ran no
 // faster than the row-major kernels (docs/performance.md, "MXFP4 experts in a 16-row lane
-// layout").
+// layout"), and prefetched into L1 instead, decode's expert batches streamed 0.7-0.75 as fast
+// ("MXFP4 prefetch into L2").
 //
 // Row-major codes (Mxfp4LanesRowsRowMajor) are packed into the lane layout 128 rows at a time by
 // 16 x 16 byte transposes and a nibble shuffle into a buffer of the calling thread, then run
@@ -160,11 +161,19 @@ HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
 // scales; groups group_codes and group_scales bytes apart) and MR tokens.
 
 // The first tile over these groups, which streams them from memory, prefetches the next NV
-// groups' codes into L1 as it goes: NV * quads * 64 bytes over the quads, NV lines a quad.
+// groups' codes as it goes: NV * quads * 64 bytes over the quads, NV lines a quad. Into L2
+// (prefetcht1), not L1: a prefetch into L1 holds one of the core's few L1 miss buffers until
+// its line arrives from memory, and with the tile's own loads in the same buffers the core then
+// keeps too few lines in flight to stream at the memory's rate. The last tile's prefetches run
+// past the groups into whatever the loader put next (a matrix's scales, the expert's next
+// matrix); prefetches do not fault, and the address is an integer, so no pointer leaves the
+// matrix.
 template <int NV>
-HWY_INLINE void PrefetchNextGroups(const uint8_t* next, int64_t u) {
+HWY_INLINE void PrefetchNextGroups(uintptr_t next, int64_t u) {
+  const uintptr_t at = next + static_cast<uintptr_t>(u * NV * kMxfp4QuadBytes);
   for (int v = 0; v < NV; ++v)
-    _mm_prefetch(reinterpret_cast<const char*>(next + (u * NV + v) * kMxfp4QuadBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(at + static_cast<uintptr_t>(v * kMxfp4QuadBytes)),
+                 _MM_HINT_T1);
 }
 
 // Quad u's codes of each group: 32-bit lanes, one per row (util/mxfp4_lanes.h).
@@ -211,14 +220,15 @@ constexpr int F32Groups() {
 // multiply-adds): a quad's 32-bit lanes index a 16-entry f32 table of the E2M1 values with their
 // low four bits (vpermps reads no more), the pair's even element, and, shifted by 16, its odd
 // one; a 4-bit shift brings up the next pair. Each token's two elements are broadcasts. The same
-// next-tile L1 prefetch as DotTile when kPrefetch.
+// next-tile prefetch as DotTile when kPrefetch.
 template <int MR, int NV, bool kPrefetch>
 HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* HWY_RESTRICT codes,
                           const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy) {
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
-  const uint8_t* next = codes + NV * group_codes;
+  const uintptr_t next =
+      reinterpret_cast<uintptr_t>(codes) + static_cast<uintptr_t>(NV * group_codes);
   __m512 acc[MR][NV], s[MR][NV];
   ZeroTile(acc);
   ZeroTile(s);
@@ -274,7 +284,7 @@ ATTNRES_BF16_DOT HWY_INLINE __m512i Bf16E2m1Table() {
 
 // MR bf16 tokens x NV groups (codes and scales of the tile's first group; group_codes and
 // group_scales bytes apart). kPrefetch: the first tile over these groups, which streams them
-// from memory, prefetches the next NV groups' codes into L1 as it goes.
+// from memory, prefetches the next NV groups' codes as it goes (PrefetchNextGroups).
 template <int MR, int NV, bool kPrefetch>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                            const uint8_t* HWY_RESTRICT codes,
@@ -283,7 +293,8 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
   const __m512i table = Bf16E2m1Table();
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
-  const uint8_t* next = codes + NV * group_codes;
+  const uintptr_t next =
+      reinterpret_cast<uintptr_t>(codes) + static_cast<uintptr_t>(NV * group_codes);
   __m512 acc[MR][NV], s[MR][NV];
   ZeroTile(acc);
   ZeroTile(s);
