@@ -1,11 +1,14 @@
 #include "model/kv_cache.h"
-#include "util/parallel.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+
+#include "util/memory.h"
+#include "util/parallel.h"
 
 namespace attnres {
 
@@ -44,7 +47,7 @@ int count_mla_layers(const ModelConfig& c) {
 }  // namespace
 
 void KvPool::Free::operator()(std::byte* p) const {
-  std::free(p);
+  StateMemory::instance().release(p, bytes);
 }
 
 KvPool::KvPool(const ModelConfig& c, KvCacheDtype dtype, int64_t page_tokens, MemoryBudget* budget)
@@ -89,13 +92,16 @@ Result<PageId> KvPool::allocate() {
     ATTNRES_RETURN_IF_ERROR(budget_->take(
         page_bytes_, "a latent-cache page of " + std::to_string(page_tokens_) + " positions"));
   }
-  auto* mem = static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>(page_bytes_)));
-  if (mem == nullptr) {
+  const auto bytes = static_cast<size_t>(page_bytes_);
+  std::byte* mem = nullptr;
+  try {
+    mem = static_cast<std::byte*>(StateMemory::instance().allocate(bytes));
+  } catch (const std::bad_alloc&) {
     if (budget_ != nullptr) budget_->give(page_bytes_);
     return Status(ErrorCode::kResourceExhausted, "cannot allocate a latent-cache page of " +
                                                      std::to_string(page_bytes_) + " bytes");
   }
-  storage_.emplace_back(mem);
+  storage_.emplace_back(mem, Free{bytes});
   refs_.push_back(1);
   ++in_use_;
   return static_cast<PageId>(storage_.size() - 1);

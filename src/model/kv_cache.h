@@ -95,7 +95,8 @@ class KvPool {
   int64_t plane_bytes_[3] = {0, 0, 0};  // c_kv, k_rot, scales (64-byte multiples)
   int64_t layer_bytes_ = 0, page_bytes_ = 0;
   MemoryBudget* budget_;
-  struct Free {
+  struct Free {  // back to StateMemory (util/memory.h), where every page is allocated
+    size_t bytes;
     void operator()(std::byte* p) const;
   };
   std::vector<std::unique_ptr<std::byte, Free>> storage_;  // [pages]

@@ -26,6 +26,7 @@
 #include "config/config.h"
 #include "model/kv_cache.h"
 #include "model/options.h"
+#include "util/memory.h"
 #include "util/numeric.h"
 #include "util/partition.h"
 #include "util/status.h"
@@ -35,7 +36,9 @@ namespace attnres {
 struct KdaState {
   // H: this rank's heads (all of them with one rank).
   std::vector<float> conv_q, conv_k, conv_v;  // [H*dk, W-1] last W-1 conv inputs, oldest first
-  std::vector<float> recurrent;               // [H, dk, dv] f32
+  // [H, dk, dv] f32, on huge pages (util/memory.h, StateMemory): each decode step reads and
+  // writes it whole.
+  std::vector<float, StateAllocator<float>> recurrent;
   void clear();
   int64_t bytes() const;
 };

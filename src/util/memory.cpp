@@ -1,5 +1,6 @@
 #include "util/memory.h"
 
+#include <sanitizer/asan_interface.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -8,9 +9,11 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 
 namespace attnres {
 namespace {
@@ -75,6 +78,75 @@ size_t WeightMemory::huge_page_bytes() const {
     ranges.push_back(
         {reinterpret_cast<uintptr_t>(c.base), reinterpret_cast<uintptr_t>(c.base) + c.size});
   return smaps_field_bytes(text.str(), ranges, "AnonHugePages");
+}
+
+// Under AddressSanitizer each block is followed by a poisoned redzone and a released block is
+// poisoned until it is handed out again, so overruns and uses after release are reported as for
+// heap memory.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kStateRedzone = kAlign;
+#else
+constexpr size_t kStateRedzone = 0;
+#endif
+
+struct StateMemory::Impl {
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kChunkBytes = size_t{64} << 20;
+  std::mutex mu;
+  std::byte* next = nullptr;  // the current chunk's unused part [next, end)
+  std::byte* end = nullptr;
+  std::unordered_map<size_t, std::vector<void*>> free;  // by rounded size
+};
+
+StateMemory::StateMemory() : impl_(new Impl()) {}
+
+StateMemory& StateMemory::instance() {
+  static StateMemory* m = new StateMemory();  // never destroyed: states may outlive statics
+  return *m;
+}
+
+void* StateMemory::allocate(size_t bytes) {
+  const size_t size = round_up(std::max<size_t>(bytes, 1));
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (auto it = m.free.find(size); it != m.free.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    ASAN_UNPOISON_MEMORY_REGION(p, size);
+    return p;
+  }
+  if (static_cast<size_t>(m.end - m.next) < size + kStateRedzone) {
+    // A chunk starting on a 2 MiB boundary, so that its whole 2 MiB ranges can be huge pages:
+    // map one huge page more than needed and unmap the unaligned ends.
+    const size_t need = size + kStateRedzone;
+    const size_t chunk = std::max(Impl::kChunkBytes,
+                                  (need + Impl::kHugePage - 1) / Impl::kHugePage * Impl::kHugePage);
+    const size_t map = chunk + Impl::kHugePage;
+    void* p = ::mmap(nullptr, map, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    const auto raw = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t base = (raw + Impl::kHugePage - 1) & ~(Impl::kHugePage - 1);
+    if (base > raw) ::munmap(p, base - raw);
+    if (raw + map > base + chunk)
+      ::munmap(reinterpret_cast<void*>(base + chunk), raw + map - (base + chunk));
+    ::madvise(reinterpret_cast<void*>(base), chunk, MADV_HUGEPAGE);  // advice only
+    m.next = reinterpret_cast<std::byte*>(base);
+    m.end = m.next + chunk;  // the last chunk's rest stays untouched, so never committed
+  }
+  std::byte* p = m.next;
+  m.next += size + kStateRedzone;
+  ASAN_POISON_MEMORY_REGION(p + size, kStateRedzone);
+  return p;
+}
+
+void StateMemory::release(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  Impl& m = *impl_;
+  const size_t size = round_up(std::max<size_t>(bytes, 1));
+  std::lock_guard<std::mutex> lock(m.mu);
+  ASAN_POISON_MEMORY_REGION(p, size);
+  m.free[size].push_back(p);
 }
 
 bool WeightMemory::contains(const void* p, size_t bytes) const {

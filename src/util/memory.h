@@ -70,6 +70,43 @@ class WeightMemory {
   std::vector<Chunk> chunks_;
 };
 
+// Memory for the per-sequence state a decode step reads whole: the KDA recurrent states
+// (model/state.h, read and written) and the latent-cache pages (model/kv_cache.h). Carved from
+// anonymous mappings advised as transparent huge pages, like the weights, because a step
+// streams every layer's state from memory (the weights have pushed it out of the caches since
+// the last step) and on 4 KiB pages each of those pages costs a TLB miss. Freed blocks are kept
+// for the next allocation of the same size (a model's states are all one size, and so are its
+// cache pages), so the mappings only grow to the most alive at once; pages are reserved as
+// touched (MAP_NORESERVE). Thread-safe.
+class StateMemory {
+ public:
+  static StateMemory& instance();
+  // `bytes` (> 0) on a 64-byte boundary; throws std::bad_alloc when no mapping can be made.
+  void* allocate(size_t bytes);
+  // Gives back a block allocate(bytes) returned.
+  void release(void* p, size_t bytes);
+
+ private:
+  StateMemory();
+  struct Impl;
+  Impl* impl_;
+};
+
+// std::allocator for containers that live in StateMemory.
+template <typename T>
+struct StateAllocator {
+  using value_type = T;
+  StateAllocator() = default;
+  template <typename U>
+  StateAllocator(const StateAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) { return static_cast<T*>(StateMemory::instance().allocate(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { StateMemory::instance().release(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const StateAllocator<U>&) const {
+    return true;
+  }
+};
+
 // An address range [begin, end).
 struct AddressRange {
   uintptr_t begin, end;
