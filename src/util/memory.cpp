@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <span>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -22,6 +23,27 @@ constexpr size_t kAlign = 64;  // every buffer and every weight starts on a cach
 
 size_t round_up(size_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// An anonymous mapping of `bytes` rounded up to whole 2 MiB pages, starting on a 2 MiB boundary
+// (so that every 2 MiB range of it can be a huge page: one huge page more is mapped and the
+// unaligned ends unmapped) and advised as transparent huge pages (advice only: without THP the
+// pages are 4 KiB). Pages are reserved as touched (MAP_NORESERVE). Throws std::bad_alloc.
+std::span<std::byte> map_huge_page_chunk(size_t bytes) {
+  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t map = size + kHugePage;
+  void* p = ::mmap(nullptr, map, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  const auto raw = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t base = (raw + kHugePage - 1) & ~(kHugePage - 1);
+  if (base > raw) ::munmap(p, base - raw);
+  if (raw + map > base + size)
+    ::munmap(reinterpret_cast<void*>(base + size), raw + map - (base + size));
+  ::madvise(reinterpret_cast<void*>(base), size, MADV_HUGEPAGE);
+  return {reinterpret_cast<std::byte*>(base), size};
 }
 
 }  // namespace
@@ -48,12 +70,8 @@ WeightMemory::~WeightMemory() {
 std::byte* WeightMemory::allocate(size_t bytes) {
   const size_t size = round_up(bytes);
   if (chunks_.empty() || chunks_.back().size - chunks_.back().used < size) {
-    const size_t map = std::max(kChunkBytes, size);
-    void* p = ::mmap(nullptr, map, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    ::madvise(p, map, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
-    chunks_.push_back({static_cast<std::byte*>(p), map, 0});
+    const std::span<std::byte> chunk = map_huge_page_chunk(std::max(kChunkBytes, size));
+    chunks_.push_back({chunk.data(), chunk.size(), 0});
   }
   Chunk& c = chunks_.back();
   std::byte* out = c.base + c.used;
@@ -90,7 +108,6 @@ constexpr size_t kStateRedzone = 0;
 #endif
 
 struct StateMemory::Impl {
-  static constexpr size_t kHugePage = size_t{2} << 20;
   static constexpr size_t kChunkBytes = size_t{64} << 20;
   std::mutex mu;
   std::byte* next = nullptr;  // the current chunk's unused part [next, end)
@@ -116,23 +133,10 @@ void* StateMemory::allocate(size_t bytes) {
     return p;
   }
   if (static_cast<size_t>(m.end - m.next) < size + kStateRedzone) {
-    // A chunk starting on a 2 MiB boundary, so that its whole 2 MiB ranges can be huge pages:
-    // map one huge page more than needed and unmap the unaligned ends.
-    const size_t need = size + kStateRedzone;
-    const size_t chunk = std::max(Impl::kChunkBytes,
-                                  (need + Impl::kHugePage - 1) / Impl::kHugePage * Impl::kHugePage);
-    const size_t map = chunk + Impl::kHugePage;
-    void* p = ::mmap(nullptr, map, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    const auto raw = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t base = (raw + Impl::kHugePage - 1) & ~(Impl::kHugePage - 1);
-    if (base > raw) ::munmap(p, base - raw);
-    if (raw + map > base + chunk)
-      ::munmap(reinterpret_cast<void*>(base + chunk), raw + map - (base + chunk));
-    ::madvise(reinterpret_cast<void*>(base), chunk, MADV_HUGEPAGE);  // advice only
-    m.next = reinterpret_cast<std::byte*>(base);
-    m.end = m.next + chunk;  // the last chunk's rest stays untouched, so never committed
+    const std::span<std::byte> chunk =
+        map_huge_page_chunk(std::max(Impl::kChunkBytes, size + kStateRedzone));
+    m.next = chunk.data();
+    m.end = m.next + chunk.size();  // the previous chunk's rest stays untouched: never committed
   }
   std::byte* p = m.next;
   m.next += size + kStateRedzone;

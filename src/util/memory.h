@@ -37,11 +37,12 @@ AlignedBuffer allocate_aligned(size_t bytes);
 
 // Memory for weights read from the files: tensors are placed one after another, each on a
 // 64-byte boundary, in anonymous mappings of kChunkBytes (a larger tensor gets one of its own)
-// advised as transparent huge pages. Measured on k3-mini (2026-12-02, alternated runs, two
-// threads, 32 + 128 tokens): decode 63.7 tok/s from such memory, 56-59 from one allocation per
-// tensor on 4 KiB pages, 38-40 through the file mapping; a one-token `run` spent 2-6 s in the
-// kernel loading the 2.6 GB into such memory against 10.5 s on 4 KiB pages. Pages are reserved as
-// touched (MAP_NORESERVE), so the unused tail of the last chunk costs at most one huge page.
+// that start on 2 MiB boundaries and are advised as transparent huge pages. Measured on k3-mini
+// (2026-12-02, alternated runs, two threads, 32 + 128 tokens): decode 63.7 tok/s from such memory,
+// 56-59 from one allocation per tensor on 4 KiB pages, 38-40 through the file mapping; a one-token
+// `run` spent 2-6 s in the kernel loading the 2.6 GB into such memory against 10.5 s on 4 KiB
+// pages. Pages are reserved as touched (MAP_NORESERVE), so the unused tail of the last chunk costs
+// at most one huge page.
 class WeightMemory {
  public:
   static constexpr size_t kChunkBytes = size_t{1} << 30;
