@@ -98,6 +98,14 @@ size_t WeightMemory::huge_page_bytes() const {
   return smaps_field_bytes(text.str(), ranges, "AnonHugePages");
 }
 
+bool WeightMemory::contains(const void* p, size_t bytes) const {
+  const auto* b = static_cast<const std::byte*>(p);
+  for (const Chunk& c : chunks_)
+    if (std::greater_equal<>()(b, c.base) && std::less_equal<>()(b + bytes, c.base + c.used))
+      return true;
+  return false;
+}
+
 // Under AddressSanitizer each block is followed by a poisoned redzone and a released block is
 // poisoned until it is handed out again, so overruns and uses after release are reported as for
 // heap memory.
@@ -107,12 +115,21 @@ constexpr size_t kStateRedzone = kAlign;
 constexpr size_t kStateRedzone = 0;
 #endif
 
+namespace {
+
+// The block size of allocate(bytes): release(p, bytes) must find the same free list.
+size_t state_block_size(size_t bytes) {
+  return round_up(std::max<size_t>(bytes, 1));
+}
+
+}  // namespace
+
 struct StateMemory::Impl {
   static constexpr size_t kChunkBytes = size_t{64} << 20;
   std::mutex mu;
   std::byte* next = nullptr;  // the current chunk's unused part [next, end)
   std::byte* end = nullptr;
-  std::unordered_map<size_t, std::vector<void*>> free;  // by rounded size
+  std::unordered_map<size_t, std::vector<void*>> free;  // by state_block_size
 };
 
 StateMemory::StateMemory() : impl_(new Impl()) {}
@@ -123,7 +140,7 @@ StateMemory& StateMemory::instance() {
 }
 
 void* StateMemory::allocate(size_t bytes) {
-  const size_t size = round_up(std::max<size_t>(bytes, 1));
+  const size_t size = state_block_size(bytes);
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   if (auto it = m.free.find(size); it != m.free.end() && !it->second.empty()) {
@@ -147,18 +164,10 @@ void* StateMemory::allocate(size_t bytes) {
 void StateMemory::release(void* p, size_t bytes) {
   if (p == nullptr) return;
   Impl& m = *impl_;
-  const size_t size = round_up(std::max<size_t>(bytes, 1));
+  const size_t size = state_block_size(bytes);
   std::lock_guard<std::mutex> lock(m.mu);
   ASAN_POISON_MEMORY_REGION(p, size);
   m.free[size].push_back(p);
-}
-
-bool WeightMemory::contains(const void* p, size_t bytes) const {
-  const auto* b = static_cast<const std::byte*>(p);
-  for (const Chunk& c : chunks_)
-    if (std::greater_equal<>()(b, c.base) && std::less_equal<>()(b + bytes, c.base + c.used))
-      return true;
-  return false;
 }
 
 std::string thp_setting() {
