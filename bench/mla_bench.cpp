@@ -4,12 +4,12 @@
 //  - BM_MlaDecodeAbsorbed: one query token over an N = 4096 context of f32 latents (c_kv
 //    [N, 512] + k_rot [N, 64], as blocks.cpp reads the cache: 9 MiB). The step is memory-bound:
 //    it must read the latents (twice: scores, then o_lat) and the absorbed weights W_UK, W_UV
-//    (all of kv_b_proj, 24 MiB bf16). latent_GB_s = latent bytes / time, GB_s = (latent +
-//    weight bytes, each counted once) / time, frac_read = GB_s / STREAM read. Each call uses
-//    another layer's cache and weights, cycling through >= 3x the last-level cache (24 MLA
-//    layers hold 216 MiB of latents at N = 4096). With 96 heads the step is compute-bound in
-//    fact (~0.8 GFLOP per token at N = 4096, ~96 FLOPs per latent byte), so GFLOP_s and
-//    frac_fma_peak (against fma_peak_gflop_s()) are reported too.
+//    (24 MiB bf16: the per-head copies; the twin reads kv_b_proj). latent_GB_s = latent bytes /
+//    time, GB_s = (latent + weight bytes, each counted once) / time, frac_read = GB_s / STREAM
+//    read. Each call uses another layer's cache and weights, cycling through >= 3x the last-level
+//    cache (24 MLA layers hold 216 MiB of latents at N = 4096). With 96 heads the step is
+//    compute-bound in fact (~0.8 GFLOP per token at N = 4096, ~96 FLOPs per latent byte), so
+//    GFLOP_s and frac_fma_peak (against fma_peak_gflop_s()) are reported too.
 //  - BM_MlaPrefillExpanded: T = N = 512 query tokens (a prompt with no earlier context), keys
 //    and values expanded [N, 96, 256] f32. Compute-bound: GFLOP/s counts 2 FLOPs per causal
 //    multiply-add (scores over nope + rope, weighted values over v), frac_fma_peak divides by
@@ -25,9 +25,11 @@
 
 #include "bench_limits.h"
 #include "fma_peak.h"
+#include "io/weights.h"
 #include "kernels/matmul.h"
 #include "kernels/mla.h"
 #include "kernels/stream_probe.h"
+#include "util/memory.h"
 #include "util/numeric.h"
 
 namespace attnres::bench {
@@ -57,25 +59,32 @@ void BM_MlaDecodeAbsorbed(benchmark::State& state) {
   const std::vector<float> wf = randn(layers * rows * r, 3, 0.05f);
   std::vector<bf16> w(wf.size());
   for (size_t i = 0; i < wf.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+  // Each layer's kv_b_proj and its absorbed per-head copies, as the loader makes them.
   std::vector<TensorView> views(static_cast<size_t>(layers));
+  std::vector<std::vector<TensorView>> uk_t(views.size()), uv(views.size());
+  WeightMemory memory;
   for (int64_t l = 0; l < layers; ++l) {
-    TensorView& v = views[static_cast<size_t>(l)];
+    const auto i = static_cast<size_t>(l);
+    TensorView& v = views[i];
     v.dtype = DType::kBF16;
     v.shape = {rows, r};
     v.data = reinterpret_cast<const std::byte*>(w.data() + l * rows * r);
     v.nbytes = static_cast<size_t>(rows * r) * sizeof(bf16);
+    absorbed_head_weights(v, kDims.nope, kDims.v, memory, uk_t[i], uv[i]);
   }
   const std::vector<float> q = randn(T * H * (kDims.nope + rope), 4, 1.0f);
   std::vector<float> o(static_cast<size_t>(T * H * kDims.v));
   std::vector<float> scratch(static_cast<size_t>(mla_absorbed_scratch_floats(kDims, N, T)));
   // The f32-context overload (the twin has no bf16 one).
   using Absorbed = void (*)(const MlaDims&, const float*, int64_t, const float*, const float*,
-                            int64_t, const TensorView&, float*, float*);
+                            int64_t, const MlaAbsorbedWeights&, float*, float*);
   const Absorbed fn = ref ? Absorbed{mla_attend_absorbed_ref} : Absorbed{mla_attend_absorbed};
   int64_t l = 0;
   for (auto _ : state) {
     fn(kDims, q.data(), T, c_kv.data() + l * N * r, k_rot.data() + l * N * rope, N,
-       views[static_cast<size_t>(l)], o.data(), scratch.data());
+       MlaAbsorbedWeights{&views[static_cast<size_t>(l)], uk_t[static_cast<size_t>(l)].data(),
+                          uv[static_cast<size_t>(l)].data()},
+       o.data(), scratch.data());
     benchmark::ClobberMemory();
     l = (l + 1) % layers;
   }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <new>
 #include <set>
 
@@ -222,6 +223,22 @@ class Binder {
     s.layout = lanes == Mxfp4Part::kNone ? Layout::kRowMajor : Layout::kMxfp4Lanes;
     report_->bytes_private += static_cast<int64_t>(rows.nbytes);
     return s;
+  }
+
+  // kv_b_proj's per-head absorbed projections (absorbed_head_weights) in private memory; none
+  // while enumerating or once the load has failed.
+  void absorbed_heads(const TensorView& kv_b_proj, int64_t nope, int64_t v,
+                      std::vector<Matrix>& uk_t, std::vector<Matrix>& uv) {
+    if (specs_ != nullptr || !ok() || kv_b_proj.data == nullptr) return;
+    const size_t before = owned_->bytes_used();
+    try {
+      absorbed_head_weights(kv_b_proj, nope, v, *owned_, uk_t, uv);
+    } catch (const std::bad_alloc&) {
+      problem(ErrorCode::kResourceExhausted, "cannot allocate the per-head copies of tensor '" +
+                                                 kv_b_proj.name + "' for the absorbed attention");
+      return;
+    }
+    report_->bytes_private += static_cast<int64_t>(owned_->bytes_used() - before);
   }
 
   // Counts a replicated view (bound whole on every rank) in this rank's bytes.
@@ -450,6 +467,57 @@ KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
   return w;
 }
 
+// The [n, k] matrix whose element (i, j) is kv_b_proj's element at(i, j) (a row-major index) as
+// a projection weight in `memory`: BF16 lane-packed when the stored dtype is BF16 and k even,
+// else row-major in the stored dtype.
+template <typename At>
+TensorView absorbed_matrix(const TensorView& kv_b_proj, int64_t n, int64_t k, WeightMemory& memory,
+                           const At& at) {
+  const size_t es = dtype_size(kv_b_proj.dtype);
+  std::vector<std::byte> rows(static_cast<size_t>(n * k) * es);  // row-major
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j)
+      std::memcpy(rows.data() + static_cast<size_t>(i * k + j) * es,
+                  kv_b_proj.data + static_cast<size_t>(at(i, j)) * es, es);
+  TensorView t;
+  t.name = kv_b_proj.name;
+  t.dtype = kv_b_proj.dtype;
+  t.shape = {n, k};
+  t.nbytes = rows.size();
+  if (kv_b_proj.dtype == DType::kBF16 && k % 2 == 0) {
+    std::byte* buf = memory.allocate(static_cast<size_t>(lanes_size(n, k)) * sizeof(bf16));
+    pack_bf16_lanes(reinterpret_cast<const bf16*>(rows.data()), n, k, reinterpret_cast<bf16*>(buf));
+    t.data = buf;
+    t.layout = Layout::kBf16Lanes;
+  } else {
+    std::byte* buf = memory.allocate(rows.size());
+    std::memcpy(buf, rows.data(), rows.size());
+    t.data = buf;
+  }
+  return t;
+}
+
+}  // namespace
+
+void absorbed_head_weights(const TensorView& kv_b_proj, int64_t nope, int64_t v,
+                           WeightMemory& memory, std::vector<Matrix>& uk_t,
+                           std::vector<Matrix>& uv) {
+  const int64_t kvw = nope + v, r = kv_b_proj.shape[1], H = kv_b_proj.shape[0] / kvw;
+  uk_t.clear();
+  uv.clear();
+  for (int64_t h = 0; h < H; ++h) {
+    // W_UK[h]^T: element (c, i) is W_UK[h]'s (i, c), kv_b_proj row h*kvw + i.
+    uk_t.push_back(absorbed_matrix(kv_b_proj, r, nope, memory,
+                                   [&](int64_t c, int64_t i) { return (h * kvw + i) * r + c; }));
+    // W_UV[h]: kv_b_proj rows h*kvw + nope + e as stored.
+    uv.push_back(absorbed_matrix(kv_b_proj, v, r, memory, [&](int64_t e, int64_t c) {
+      return (h * kvw + nope + e) * r + c;
+    }));
+  }
+}
+
+namespace {
+
 // Tensor parallelism: q_a and kv_a by output rows (gathered: their norms need whole vectors),
 // q_b (or q), kv_b and g by heads, o_proj by output rows; the latent norms replicated.
 MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
@@ -478,6 +546,7 @@ MlaWeights bind_mla(Binder& b, const ModelConfig& c, const std::string& p) {
   w.kv_b_proj = b.bind_split(
       p + "kv_b_proj.weight", Kind::kFloat, {H * (nope + v), rkv},
       dims({{"H*(qk_nope+v_head_dim)", H * (nope + v)}, {"kv_lora_rank", rkv}}), H, nope + v);
+  b.absorbed_heads(w.kv_b_proj, nope, v, w.w_uk_t, w.w_uv);
   if (c.mla_use_output_gate)
     w.g_proj = b.bind_projection(p + "g_proj.weight", {H * v, d},
                                  dims({{"H*v_head_dim", H * v}, {"hidden_size", d}}), H, v);

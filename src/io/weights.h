@@ -19,7 +19,8 @@
 // lm_head) is read group by group into private memory in the lane-packed layout (util/lanes.h,
 // TensorView::layout), whatever the residence, so the same bits come out of every load and
 // every rank count (an output's bits depend only on its row and K). MLA's kv_b_proj (read by
-// the attention kernels row by row), the embedding and a tied head stay row-major.
+// the attention kernels row by row), the embedding and a tied head stay row-major; kv_b_proj's
+// per-head blocks are copied once more as the absorbed decode's projections (MlaWeights).
 //
 // Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
 // tensor is bound as this rank's contiguous rows only (its balanced share of the output rows, in
@@ -94,9 +95,19 @@ struct MlaWeights {
   Matrix kv_a_proj;      // [r_kv + rope, d]  -> c_kv | k_rot
   TensorView kv_a_norm;  // [r_kv]
   Matrix kv_b_proj;      // [H*(nope+v), r_kv] -> per head k_nope | v
-  Matrix g_proj;         // [H*v, d] sigmoid output gate (mla_use_output_gate), else empty
-  Matrix o_proj;         // [d, H*v]
+  // kv_b_proj's heads as the absorbed form's projections (kernels/mla.h, MlaAbsorbedWeights),
+  // one per head of this rank: W_UK[h]^T [r_kv, nope] and W_UV[h] [v, r_kv], lane-packed when
+  // BF16 with an even row length, else row-major; private copies whatever the residence.
+  std::vector<Matrix> w_uk_t, w_uv;
+  Matrix g_proj;  // [H*v, d] sigmoid output gate (mla_use_output_gate), else empty
+  Matrix o_proj;  // [d, H*v]
 };
+
+// W_UK[h]^T and W_UV[h] of each head of kv_b_proj [H*(nope+v), r] (BF16 or F32, row-major), as
+// MlaWeights holds them, in `memory`; throws std::bad_alloc when it cannot allocate.
+void absorbed_head_weights(const TensorView& kv_b_proj, int64_t nope, int64_t v,
+                           WeightMemory& memory, std::vector<Matrix>& uk_t,
+                           std::vector<Matrix>& uv);
 
 struct ExpertWeights {
   ExpertMatrix w1;  // gate [I, K]

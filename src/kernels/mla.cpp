@@ -111,8 +111,9 @@ MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scra
 }
 
 void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                             const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                             const float* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                              float* scratch) {
+  const TensorView& kv_b_proj = *w.kv_b_proj;
   const int64_t P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H, r = d.r;
   const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch);
   MatmulJob* jobs = sc.jobs;

@@ -8,7 +8,9 @@
 // Two forms of the same function:
 // - expanded (prefill, the HF form): k_nope | v per head from kv_b_proj, kv [N, H, n + dv];
 // - absorbed (decode): q_lat = W_UK^T q_nope, score = q_lat . c_kv + q_rot . k_rot,
-//   o = W_UV (sum_j p_j c_kv_j), with W_UK / W_UV the rows of kv_b_proj [H*(n+dv), r].
+//   o = W_UV (sum_j p_j c_kv_j), with W_UK / W_UV the rows of kv_b_proj [H*(n+dv), r]. The
+//   fast kernels read W_UK and W_UV as per-head projection weights made at load
+//   (MlaAbsorbedWeights); the scalar twins read kv_b_proj itself.
 //
 // Contract: no allocation; scratch sizes given by the *_scratch_floats functions; each
 // (token, head) output is computed by one thread in a fixed order.
@@ -39,6 +41,18 @@ void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const floa
 void mla_attend_expanded_ref(const MlaDims& d, const float* q, int64_t T, const float* kv,
                              const float* k_rot, int64_t N, float* o, float* scratch);
 
+// The absorbed form's weights (io/weights.h, MlaWeights): kv_b_proj [H*(n+dv), r] as stored
+// (row h*(n+dv) + i is W_UK[h]'s row i for i < n, W_UV[h]'s row i - n after), which the scalar
+// twins read, and per head W_UK[h]^T [r, n] and W_UV[h] [dv, r] as projection weights of
+// matmul_batch (lane-packed where BF16), which the fast kernels read: q_lat = W_UK[h]^T q_nope
+// and o = W_UV[h] o_lat are then each one projection job per head that streams its weights
+// group by group, as the model's dense projections do.
+struct MlaAbsorbedWeights {
+  const TensorView* kv_b_proj = nullptr;
+  const TensorView* uk_t = nullptr;  // [H]
+  const TensorView* uv = nullptr;    // [H]
+};
+
 // Rows [0, rows) of a [rows, width] matrix stored in pages of `page_rows` rows: row i lives at
 // pages[i / page_rows] + (i % page_rows) * width (a paged latent cache, model/kv_cache.h). A
 // contiguous matrix is one page of `rows` rows.
@@ -67,31 +81,31 @@ struct MlaAbsorbedScratch {
 MlaAbsorbedScratch mla_absorbed_scratch(const MlaDims& d, int64_t N, float* scratch,
                                         int64_t page_rows = 0);
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         const float* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                          float* scratch);
 void mla_attend_absorbed_ref(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                             const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                             const float* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                              float* scratch);
 // The absorbed form over a bf16 context as a bf16 latent cache holds it (c_kv [N, r] and
 // k_rot [N, R], each contiguous), read in place: bitwise the same as mla_attend_absorbed on the
 // context widened to f32 (every product widens the bf16 value exactly, in the same order), so
 // decode needs no dequantised copy of the whole context per layer and step.
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
-                         const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         const bf16* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                          float* scratch);
 // The absorbed form over a paged context (c_kv.rows == k_rot.rows == N, the same page size),
 // read in place: bitwise the same as over the context in one contiguous page (every score is
 // one dot product wherever its row lies, and o_lat accumulates the rows in increasing index).
 // scratch: mla_absorbed_scratch_floats(d, N, T, page_rows).
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<float>& c_kv,
-                         const PagedRows<float>& k_rot, const TensorView& kv_b_proj, float* o,
+                         const PagedRows<float>& k_rot, const MlaAbsorbedWeights& w, float* o,
                          float* scratch);
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<bf16>& c_kv,
-                         const PagedRows<bf16>& k_rot, const TensorView& kv_b_proj, float* o,
+                         const PagedRows<bf16>& k_rot, const MlaAbsorbedWeights& w, float* o,
                          float* scratch);
 
 // The absorbed form for the decoding sequences of one step at once: one query token each (its
-// newest position), each over its own whole context, sharing one pass over kv_b_proj (W_UK and
+// newest position), each over its own whole context, sharing one pass over the weights (W_UK and
 // W_UV are read once per step, not once per sequence). Every row's result is bitwise what
 // mla_attend_absorbed gives it alone (the same products in the same order).
 template <typename C>
@@ -105,8 +119,8 @@ struct AbsorbedRow {
 int64_t mla_absorbed_rows_scratch_floats(const MlaDims& d, const int64_t* contexts, int64_t rows,
                                          int64_t page_rows);
 void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<float>* rows, int64_t n,
-                              const TensorView& kv_b_proj, float* scratch);
+                              const MlaAbsorbedWeights& w, float* scratch);
 void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<bf16>* rows, int64_t n,
-                              const TensorView& kv_b_proj, float* scratch);
+                              const MlaAbsorbedWeights& w, float* scratch);
 
 }  // namespace attnres

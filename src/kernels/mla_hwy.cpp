@@ -11,11 +11,14 @@
 //  - Softmax: the max, then exp(s - max) with Highway's Exp (<= 1 ulp), summed (absorbed: lane
 //    accumulators + SumOfLanes + the ragged end in order; expanded: per token lane in increasing
 //    j), then multiplied by 1 / sum.
-//  - Weighted sums over context rows (o = sum_j p_j v_j, o_lat = sum_j p_j c_kv_j, q_lat =
-//    sum_i q_i W_UK[i]) are lane-wise along the contiguous dimension: each output column
-//    accumulates its terms in increasing row index with one fused multiply-add each, whether it
-//    sits in a full vector or the ragged end (1-lane vectors of the same target), whatever the
-//    register tile it falls in.
+//  - Weighted sums over context rows (o = sum_j p_j v_j, o_lat = sum_j p_j c_kv_j) are lane-wise
+//    along the contiguous dimension: each output column accumulates its terms in increasing row
+//    index with one fused multiply-add each, whether it sits in a full vector or the ragged end
+//    (1-lane vectors of the same target), whatever the register tile it falls in.
+//  - Absorbed decode's q_lat = W_UK[h]^T q_nope and o = W_UV[h] o_lat are projection jobs over
+//    the per-head weights of MlaAbsorbedWeights (the lane kernels' order, matmul_lanes.h, for
+//    BF16 weights): an output's bits depend only on its row and K, not on how many query rows
+//    share the job.
 //  - Work is split over (head, query block) or (column block) items; each output element is
 //    computed by one thread, so results do not depend on the thread count.
 //
@@ -293,70 +296,6 @@ int64_t ExpandedItems(int64_t T) {
   return full + singles + (T - full * W - singles * L);
 }
 
-// q_lat[h] = W_UK[h]^T q_nope[h] for one head (rows h * kvw + i of kv_b_proj, increasing i),
-// columns [c0, c1) of it. A tile of kQLatNV vectors of columns keeps its accumulators in
-// registers over all nope rows: each weight element is loaded once per query row and feeds one
-// fused multiply-add, and nothing but the weights goes through memory (accumulating in an L1
-// row instead costs a load and a store of the accumulator per multiply-add, which made this the
-// slowest step of decode attention with the weights in cache). A tile reads kQLatNV * Lanes
-// contiguous weights of every row (a 512-byte run of each 1 KiB row on AVX-512 with r = 512).
-// The tile prefetches its run of the row kQLatAhead rows ahead: runs of 512 bytes 1 KiB apart
-// are not a stream the hardware prefetcher follows well (cold in decode, the head's q_lat took
-// 1.05-1.10x as long without). For n query rows at once (decoding sequences of one step) each
-// row runs its own pass; the column block's weights are then in L2. Column c gets the same fused
-// multiply-adds in the same order (increasing i, from zero) whatever the block, tile or row count.
-#if HWY_TARGET == HWY_AVX3
-constexpr int kQLatNV = 16;  // 16 of 32 registers
-#else
-constexpr int kQLatNV = 8;       // 8 of 16
-#endif
-constexpr int64_t kQLatAhead = 8;  // rows
-
-template <int NV, class D, typename W>
-HWY_INLINE void QLatTile(D d, int64_t nope, int64_t r, const float* qt, const W* w, float* ql,
-                         int64_t c) {
-  using V = hn::Vec<D>;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  V acc[NV];
-  for (int v = 0; v < NV; ++v) acc[v] = hn::Zero(d);
-  for (int64_t i = 0; i < nope; ++i) {
-    const V a = hn::Set(d, qt[i]);
-    const W* wr = w + i * r + c;
-    if (i + kQLatAhead < nope)
-      for (int64_t b = 0; b < NV * L * static_cast<int64_t>(sizeof(W)); b += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(wr + kQLatAhead * r) + b, 0, 2);
-    for (int v = 0; v < NV; ++v) acc[v] = hn::MulAdd(a, LoadW(d, wr + v * L), acc[v]);
-  }
-  for (int v = 0; v < NV; ++v) hn::StoreU(acc[v], d, ql + c + v * L);
-}
-
-template <typename W>
-void QLatHead(const MlaDims& dm, const float* const* qt, int64_t n, const W* w, float* const* ql,
-              int64_t c0, int64_t c1) {
-  const DF d;
-  const D1 d1;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), r = dm.r;
-  for (int64_t s = 0; s < n; ++s) {
-    int64_t c = c0;
-    for (; c + kQLatNV * L <= c1; c += kQLatNV * L)
-      QLatTile<kQLatNV>(d, dm.nope, r, qt[s], w, ql[s], c);
-    for (; c + L <= c1; c += L) QLatTile<1>(d, dm.nope, r, qt[s], w, ql[s], c);
-    for (; c < c1; ++c) QLatTile<1>(d1, dm.nope, r, qt[s], w, ql[s], c);
-  }
-}
-void QLatHeadF32(const MlaDims& dm, const float* const* qt, int64_t n, const float* w,
-                 float* const* ql, int64_t c0, int64_t c1) {
-  QLatHead(dm, qt, n, w, ql, c0, c1);
-}
-void QLatHeadBf16(const MlaDims& dm, const float* const* qt, int64_t n, const bf16* w,
-                  float* const* ql, int64_t c0, int64_t c1) {
-  QLatHead(dm, qt, n, w, ql, c0, c1);
-}
-
-int64_t QLatBlockWidth() {
-  return kQLatNV * static_cast<int64_t>(hn::Lanes(DF()));
-}
-
 // Scores of head h: s = (s_lat + s_rot) * scale, then softmax over n.
 void HeadSoftmax(float* s, const float* sr, int64_t n, float scale) {
   const DF d;
@@ -414,13 +353,10 @@ namespace attnres {
 
 HWY_EXPORT(ExpandedItem);
 HWY_EXPORT(ExpandedItems);
-HWY_EXPORT(QLatHeadF32);
-HWY_EXPORT(QLatHeadBf16);
 HWY_EXPORT(HeadSoftmax);
 HWY_EXPORT(OLatColumnsF32);
 HWY_EXPORT(OLatColumnsBf16);
 HWY_EXPORT(ColumnBlockWidth);
-HWY_EXPORT(QLatBlockWidth);
 
 void mla_attend_expanded(const MlaDims& d, const float* q, int64_t T, const float* kv,
                          const float* k_rot, int64_t N, float* o, float* scratch) {
@@ -458,32 +394,20 @@ auto olat_kernel(const bf16* const*) {
   return HWY_DYNAMIC_DISPATCH(OLatColumnsBf16);
 }
 
-// body(h, c0, c1) for every head and block [c0, c1) of q_lat columns, the (head, block) items
-// claimed by the threads in contiguous ranges (each W_UK[h] column block is read once for all n
-// query rows).
-template <typename Body>
-void for_q_lat_blocks(const MlaDims& d, int64_t n, const Body& body) {
-  const int64_t bw = HWY_DYNAMIC_DISPATCH(QLatBlockWidth)(), nb = (d.r + bw - 1) / bw;
-  parallel_ranges(d.H * nb, n * d.H * d.nope * d.r > kParallelMinWork, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) body(i / nb, i % nb * bw, std::min(d.r, (i % nb + 1) * bw));
-  });
-}
-
-// Columns [c0, c1) of q_lat[h] for n query rows qt[s] -> ql[s] (kv_b_proj W, row-major).
-void q_lat_block(const MlaDims& d, const TensorView& W, const float* const* qt, int64_t n,
-                 int64_t h, int64_t c0, int64_t c1, float* const* ql) {
-  const int64_t w0 = h * (d.nope + d.v) * d.r;
-  if (W.dtype == DType::kBF16)
-    HWY_DYNAMIC_DISPATCH(QLatHeadBf16)(d, qt, n, W.as<bf16>() + w0, ql, c0, c1);
-  else
-    HWY_DYNAMIC_DISPATCH(QLatHeadF32)(d, qt, n, W.as<float>() + w0, ql, c0, c1);
+// y(h) [n, rows of W[h]] = x(h) [n, K] W[h]^T for each head h < H: one projection job per
+// head, all heads in one batch (W_UK^T for q_lat, W_UV for o).
+template <typename X, typename Y>
+void head_projections(int64_t H, const TensorView* W, int64_t n, const X& x, const Y& y,
+                      MatmulJob* jobs) {
+  for (int64_t h = 0; h < H; ++h) jobs[h] = dense_job(x(h), n, W[h], y(h));
+  matmul_batch(jobs, H);
 }
 
 template <typename C>
 void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<C>& c_kv,
-                     const PagedRows<C>& k_rot, const TensorView& kv_b_proj, float* o,
+                     const PagedRows<C>& k_rot, const MlaAbsorbedWeights& w, float* o,
                      float* scratch) {
-  const int64_t N = c_kv.rows, P = N - T, qw = d.nope + d.rope, kvw = d.nope + d.v, H = d.H;
+  const int64_t N = c_kv.rows, P = N - T, qw = d.nope + d.rope, H = d.H;
   const int64_t r = d.r, pr = c_kv.page_rows;
   // The twin's scratch layout (s_lat / s_rot rows are n_ctx long within their [H, N] space).
   const MlaAbsorbedScratch sc = mla_absorbed_scratch(d, N, scratch, pr);
@@ -498,11 +422,10 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRow
     const int64_t n_ctx = P + t + 1;
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < d.rope; ++i) q_rot[h * d.rope + i] = q[(t * H + h) * qw + d.nope + i];
-    for_q_lat_blocks(d, 1, [&](int64_t h, int64_t c0, int64_t c1) {
-      const float* qt = q + (t * H + h) * qw;
-      float* ql = q_lat + h * r;
-      q_lat_block(d, kv_b_proj, &qt, 1, h, c0, c1, &ql);
-    });
+    // q_lat[h] = W_UK[h]^T q_nope[h], all heads in one batch.
+    head_projections(
+        H, w.uk_t, 1, [&](int64_t h) { return q + (t * H + h) * qw; },
+        [&](int64_t h) { return q_lat + h * r; }, jobs);
     // Scores of every head against the context in one batch, one job per context page (c_kv /
     // k_rot rows act as weight rows): [H, r] x c_kv[n_ctx, r]^T and [H, rope] x
     // k_rot[n_ctx, rope]^T into the [H, n_ctx] score rows.
@@ -527,23 +450,22 @@ void attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRow
       for (int64_t cb = c0; cb < c1; ++cb)
         olat_cols(s_lat, H, n_ctx, c_kv.pages, pr, r, cb * cbw, std::min(r, (cb + 1) * cbw), o_lat);
     });
-    // o[t, h] = W_UV[h] o_lat[h]: rows h*kvw + nope .. + v of kv_b_proj, all heads in one batch.
-    for (int64_t h = 0; h < H; ++h)
-      jobs[h] =
-          dense_rows_job(o_lat + h * r, 1, kv_b_proj, h * kvw + d.nope, d.v, o + (t * H + h) * d.v);
-    matmul_batch(jobs, H);
+    // o[t, h] = W_UV[h] o_lat[h], all heads in one batch.
+    head_projections(
+        H, w.uv, 1, [&](int64_t h) { return o_lat + h * r; },
+        [&](int64_t h) { return o + (t * H + h) * d.v; }, jobs);
   }
 }
 
 // A contiguous context as one page.
 template <typename C>
 void attend_absorbed_contiguous(const MlaDims& d, const float* q, int64_t T, const C* c_kv,
-                                const C* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                                const C* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                                 float* scratch) {
   const C* cp[1] = {c_kv};
   const C* kp[1] = {k_rot};
-  attend_absorbed(d, q, T, PagedRows<C>{cp, N, d.r, N}, PagedRows<C>{kp, N, d.rope, N}, kv_b_proj,
-                  o, scratch);
+  attend_absorbed(d, q, T, PagedRows<C>{cp, N, d.r, N}, PagedRows<C>{kp, N, d.rope, N}, w, o,
+                  scratch);
 }
 
 }  // namespace
@@ -552,13 +474,12 @@ namespace {
 
 // The carve of mla_attend_absorbed_rows' scratch: every size a multiple of 16 floats.
 struct RowsScratch {
-  MatmulJob* jobs;   // [H + 2 * sum of pages]
-  const float** qt;  // [H][n] query pointers per head
-  float** ql;        // [H][n] q_lat pointers per head
-  float** base;      // [n] each row's part of `rows`
-  float* xg;         // [H][n, r] o_lat rows gathered per head
-  float* yg;         // [H][n, v] W_UV outputs per head
-  float* rows;       // per row: q_lat [H, r], q_rot [H, rope], s_lat, s_rot [H, N], o_lat
+  MatmulJob* jobs;  // [H + 2 * sum of pages]
+  float** base;     // [n] each row's part of `rows`
+  float* qg;        // [H][n, nope] query rows gathered per head
+  float* xg;        // [H][n, r] q_lat, then o_lat, rows gathered per head
+  float* yg;        // [H][n, v] W_UV outputs per head
+  float* rows;      // per row: q_lat [H, r], q_rot [H, rope], s_lat, s_rot [H, N], o_lat
 };
 
 int64_t round16(int64_t n) {
@@ -574,20 +495,18 @@ int64_t jobs_floats(const MlaDims& d, int64_t pages) {
                  static_cast<int64_t>((sizeof(MatmulJob) + sizeof(float) - 1) / sizeof(float)));
 }
 
-int64_t pointer_floats(const MlaDims& d, int64_t n) {
-  return round16(d.H * n * static_cast<int64_t>(sizeof(void*) / sizeof(float)));
+int64_t pointer_floats(int64_t n) {
+  return round16(n * static_cast<int64_t>(sizeof(void*) / sizeof(float)));
 }
 
 RowsScratch carve_rows(const MlaDims& d, int64_t n, int64_t pages, float* s) {
   RowsScratch r;
   r.jobs = reinterpret_cast<MatmulJob*>(s);
   s += jobs_floats(d, pages);
-  r.qt = reinterpret_cast<const float**>(s);
-  s += pointer_floats(d, n);
-  r.ql = reinterpret_cast<float**>(s);
-  s += pointer_floats(d, n);
   r.base = reinterpret_cast<float**>(s);
-  s += pointer_floats(d, n);
+  s += pointer_floats(n);
+  r.qg = s;
+  s += round16(d.H * n * d.nope);
   r.xg = s;
   s += round16(d.H * n * d.r);
   r.yg = s;
@@ -598,8 +517,8 @@ RowsScratch carve_rows(const MlaDims& d, int64_t n, int64_t pages, float* s) {
 
 template <typename C>
 void attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<C>* rows, int64_t n,
-                          const TensorView& W, float* scratch) {
-  const int64_t H = d.H, r = d.r, qw = d.nope + d.rope, kvw = d.nope + d.v;
+                          const MlaAbsorbedWeights& w, float* scratch) {
+  const int64_t H = d.H, r = d.r, qw = d.nope + d.rope;
   int64_t pages = 0;
   for (int64_t s = 0; s < n; ++s) pages += rows[s].c_kv.num_pages();
   const RowsScratch sc = carve_rows(d, n, pages, scratch);
@@ -617,18 +536,20 @@ void attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<C>* rows, int64_t 
             p + H * (r + d.rope + 2 * N)};
     return q;
   };
-  // q_lat of every row (each W_UK[h] column block read once for all rows).
-  for (int64_t h = 0; h < H; ++h) {
+  // q_lat of every row: each head's query rows gathered, one job per head (W_UK[h] read once for
+  // all rows), the results scattered to the rows.
+  for (int64_t h = 0; h < H; ++h)
     for (int64_t s = 0; s < n; ++s) {
-      const Parts p = parts(s);
-      sc.qt[h * n + s] = rows[s].q + h * qw;
-      sc.ql[h * n + s] = p.q_lat + h * r;
-      for (int64_t i = 0; i < d.rope; ++i) p.q_rot[h * d.rope + i] = rows[s].q[h * qw + d.nope + i];
+      const float* qs = rows[s].q + h * qw;
+      std::copy(qs, qs + d.nope, sc.qg + (h * n + s) * d.nope);
+      std::copy(qs + d.nope, qs + qw, parts(s).q_rot + h * d.rope);
     }
-  }
-  for_q_lat_blocks(d, n, [&](int64_t h, int64_t c0, int64_t c1) {
-    q_lat_block(d, W, sc.qt + h * n, n, h, c0, c1, sc.ql + h * n);
-  });
+  head_projections(
+      H, w.uk_t, n, [&](int64_t h) { return sc.qg + h * n * d.nope; },
+      [&](int64_t h) { return sc.xg + h * n * r; }, sc.jobs);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t s = 0; s < n; ++s)
+      std::copy(sc.xg + (h * n + s) * r, sc.xg + (h * n + s + 1) * r, parts(s).q_lat + h * r);
   // Scores of every row against its context, one batch (a job per context page).
   int64_t nj = 0;
   for (int64_t s = 0; s < n; ++s) {
@@ -669,13 +590,12 @@ void attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<C>* rows, int64_t 
     }
   });
   // o[s, h] = W_UV[h] o_lat[s, h]: all rows of a head in one job, all heads in one batch.
-  for (int64_t h = 0; h < H; ++h) {
-    float* x = sc.xg + h * n * r;
+  for (int64_t h = 0; h < H; ++h)
     for (int64_t s = 0; s < n; ++s)
-      std::copy(parts(s).o_lat + h * r, parts(s).o_lat + (h + 1) * r, x + s * r);
-    sc.jobs[h] = dense_rows_job(x, n, W, h * kvw + d.nope, d.v, sc.yg + h * n * d.v);
-  }
-  matmul_batch(sc.jobs, H);
+      std::copy(parts(s).o_lat + h * r, parts(s).o_lat + (h + 1) * r, sc.xg + (h * n + s) * r);
+  head_projections(
+      H, w.uv, n, [&](int64_t h) { return sc.xg + h * n * r; },
+      [&](int64_t h) { return sc.yg + h * n * d.v; }, sc.jobs);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t s = 0; s < n; ++s)
       std::copy(sc.yg + (h * n + s) * d.v, sc.yg + (h * n + s + 1) * d.v, rows[s].o + h * d.v);
@@ -690,42 +610,42 @@ int64_t mla_absorbed_rows_scratch_floats(const MlaDims& d, const int64_t* contex
     pages += page_rows > 0 ? (contexts[s] + page_rows - 1) / page_rows : 1;
     per_rows += row_floats(d, contexts[s]);
   }
-  return jobs_floats(d, pages) + 3 * pointer_floats(d, n) + round16(d.H * n * d.r) +
-         round16(d.H * n * d.v) + per_rows;
+  return jobs_floats(d, pages) + pointer_floats(n) + round16(d.H * n * d.nope) +
+         round16(d.H * n * d.r) + round16(d.H * n * d.v) + per_rows;
 }
 
 void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<float>* rows, int64_t n,
-                              const TensorView& kv_b_proj, float* scratch) {
-  attend_absorbed_rows(d, rows, n, kv_b_proj, scratch);
+                              const MlaAbsorbedWeights& w, float* scratch) {
+  attend_absorbed_rows(d, rows, n, w, scratch);
 }
 
 void mla_attend_absorbed_rows(const MlaDims& d, const AbsorbedRow<bf16>* rows, int64_t n,
-                              const TensorView& kv_b_proj, float* scratch) {
-  attend_absorbed_rows(d, rows, n, kv_b_proj, scratch);
+                              const MlaAbsorbedWeights& w, float* scratch) {
+  attend_absorbed_rows(d, rows, n, w, scratch);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const float* c_kv,
-                         const float* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         const float* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                          float* scratch) {
-  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, w, o, scratch);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const bf16* c_kv,
-                         const bf16* k_rot, int64_t N, const TensorView& kv_b_proj, float* o,
+                         const bf16* k_rot, int64_t N, const MlaAbsorbedWeights& w, float* o,
                          float* scratch) {
-  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, kv_b_proj, o, scratch);
+  attend_absorbed_contiguous(d, q, T, c_kv, k_rot, N, w, o, scratch);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<float>& c_kv,
-                         const PagedRows<float>& k_rot, const TensorView& kv_b_proj, float* o,
+                         const PagedRows<float>& k_rot, const MlaAbsorbedWeights& w, float* o,
                          float* scratch) {
-  attend_absorbed(d, q, T, c_kv, k_rot, kv_b_proj, o, scratch);
+  attend_absorbed(d, q, T, c_kv, k_rot, w, o, scratch);
 }
 
 void mla_attend_absorbed(const MlaDims& d, const float* q, int64_t T, const PagedRows<bf16>& c_kv,
-                         const PagedRows<bf16>& k_rot, const TensorView& kv_b_proj, float* o,
+                         const PagedRows<bf16>& k_rot, const MlaAbsorbedWeights& w, float* o,
                          float* scratch) {
-  attend_absorbed(d, q, T, c_kv, k_rot, kv_b_proj, o, scratch);
+  attend_absorbed(d, q, T, c_kv, k_rot, w, o, scratch);
 }
 
 }  // namespace attnres

@@ -85,6 +85,10 @@ void project_inputs(const ModelConfig& c, const MlaWeights& w, const MlaDims& md
   rms_norm(a.c_kv, T, md.r, w.kv_a_norm, eps, bf16, a.c_kv);
 }
 
+MlaAbsorbedWeights absorbed_weights(const MlaWeights& w) {
+  return {&w.kv_b_proj, w.w_uk_t.data(), w.w_uv.data()};
+}
+
 // The absorbed form (decode) over the cache as stored: bf16 and f32 pages are read in place,
 // fp8 pages through a dequantised copy.
 void attend_absorbed(const MlaWeights& w, const MlaDims& md, const SequenceCache& cache, int m,
@@ -92,7 +96,7 @@ void attend_absorbed(const MlaWeights& w, const MlaDims& md, const SequenceCache
   const int64_t pages = (N + cache.pool()->page_tokens() - 1) / cache.pool()->page_tokens();
   const auto run = [&](const auto& c_kv, const auto& k_rot, int64_t page_rows) {
     float* scratch = arena.take<float>(mla_absorbed_scratch_floats(md, N, T, page_rows));
-    mla_attend_absorbed(md, q, T, c_kv, k_rot, w.kv_b_proj, o, scratch);
+    mla_attend_absorbed(md, q, T, c_kv, k_rot, absorbed_weights(w), o, scratch);
   };
   switch (cache.pool()->dtype()) {
     case KvCacheDtype::kBF16: {
@@ -132,7 +136,8 @@ void attend_expanded(const MlaWeights& w, const MlaDims& md, const SequenceCache
 }
 
 // The single-token segments of the step, all in one absorbed pass (each over its own context:
-// bf16 and f32 pages in place, fp8 through a dequantised copy).
+// bf16 and f32 pages in place, fp8 through a dequantised copy), sharing one read of the
+// absorbed weights.
 void attend_decode_rows(const MlaWeights& w, const MlaDims& md, int layer, Segments segments,
                         const float* q, Arena& arena, float* o) {
   const int64_t qw = md.nope + md.rope, ow = md.H * md.v;
@@ -161,7 +166,7 @@ void attend_decode_rows(const MlaWeights& w, const MlaDims& md, int layer, Segme
     }
     float* scratch =
         arena.take<float>(mla_absorbed_rows_scratch_floats(md, contexts, n, page_rows));
-    mla_attend_absorbed_rows(md, ar, n, w.kv_b_proj, scratch);
+    mla_attend_absorbed_rows(md, ar, n, absorbed_weights(w), scratch);
   };
   const auto in_place = [&](const Segment& s, int m, int64_t N, auto& row) {
     using C = std::remove_cv_t<

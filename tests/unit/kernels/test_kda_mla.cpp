@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/absorbed_weights.h"
 #include "kernels/hwy_targets.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
@@ -355,14 +356,14 @@ struct MlaCase {
   std::vector<float> run_absorbed(bool ref, const C* ctx_c, const C* ctx_k, bool use_bf16) const {
     std::vector<float> o(static_cast<size_t>(T * d.H * d.v));
     std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, T)));
-    const TensorView W = weight_view(w, w16, use_bf16, d.H * (d.nope + d.v), d.r);
+    const TestAbsorbedWeights W(weight_view(w, w16, use_bf16, d.H * (d.nope + d.v), d.r), d);
     if constexpr (std::is_same_v<C, float>) {
       if (ref) {
-        mla_attend_absorbed_ref(d, q.data(), T, ctx_c, ctx_k, N, W, o.data(), s.data());
+        mla_attend_absorbed_ref(d, q.data(), T, ctx_c, ctx_k, N, W.view(), o.data(), s.data());
         return o;
       }
     }
-    mla_attend_absorbed(d, q.data(), T, ctx_c, ctx_k, N, W, o.data(), s.data());
+    mla_attend_absorbed(d, q.data(), T, ctx_c, ctx_k, N, W.view(), o.data(), s.data());
     return o;
   }
   std::vector<float> absorbed(bool ref, bool use_bf16) const {
@@ -383,8 +384,8 @@ struct MlaCase {
 struct MlaShape {
   int64_t H, nope, rope, v, r;
 };
-// r = 300: q_lat's whole register tiles (256 columns on AVX3, 128 on AVX2), single vectors and a
-// ragged end.
+// r = 300: o_lat's whole column tiles, single vectors and a ragged end; the odd nope and r (17):
+// the absorbed weights row-major, the even ones lane-packed (BF16) with partial lane groups.
 constexpr MlaShape kMlaShapes[] = {{1, 16, 0, 16, 16},
                                    {3, 17, 5, 17, 17},
                                    {3, 64, 16, 64, 64},
@@ -471,8 +472,9 @@ void expect_rows_equal_alone(const MlaShape& sh, bool use_bf16_w, int64_t page_r
                        static_cast<uint32_t>(900 + i * 7 + sh.r));
   // Every case shares case 0's kv_b_proj (one layer's weights for the whole step).
   const MlaCase& w0 = cases[0];
-  const TensorView W = weight_view(w0.w, w0.w16, use_bf16_w, sh.H * (sh.nope + sh.v), sh.r);
   const MlaDims& d = w0.d;
+  const TestAbsorbedWeights W(weight_view(w0.w, w0.w16, use_bf16_w, sh.H * (sh.nope + sh.v), sh.r),
+                              d);
   std::vector<std::vector<C>> ctx_c(n), ctx_k(n);
   std::vector<std::vector<const C*>> pages(n);
   std::vector<AbsorbedRow<C>> rows(n);
@@ -492,12 +494,12 @@ void expect_rows_equal_alone(const MlaShape& sh, bool use_bf16_w, int64_t page_r
     rows[i].o = out[i].data();
     alone[i].assign(out[i].size(), 0.0f);
     std::vector<float> s(static_cast<size_t>(mla_absorbed_scratch_floats(d, N, 1)));
-    mla_attend_absorbed(d, c.q.data(), 1, ctx_c[i].data(), ctx_k[i].data(), N, W, alone[i].data(),
-                        s.data());
+    mla_attend_absorbed(d, c.q.data(), 1, ctx_c[i].data(), ctx_k[i].data(), N, W.view(),
+                        alone[i].data(), s.data());
   }
   std::vector<float> s(
       static_cast<size_t>(mla_absorbed_rows_scratch_floats(d, contexts, n, page_rows)));
-  mla_attend_absorbed_rows(d, rows.data(), n, W, s.data());
+  mla_attend_absorbed_rows(d, rows.data(), n, W.view(), s.data());
   for (int64_t i = 0; i < n; ++i)
     EXPECT_EQ(0, std::memcmp(out[i].data(), alone[i].data(), out[i].size() * sizeof(float)))
         << "row " << i << " (context " << contexts[i] << ") pages of " << page_rows;

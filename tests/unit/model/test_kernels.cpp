@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/absorbed_weights.h"
 #include "kernels/activation.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
@@ -196,7 +197,8 @@ TEST(MlaKernel, AbsorbedMatchesExpanded) {
   std::vector<float> s_e(mla_expanded_scratch_floats(N, T)),
       s_a(mla_absorbed_scratch_floats(d, N, T));
   mla_attend_expanded(d, q.data(), T, kv.data(), k_rot.data(), N, o_e.data(), s_e.data());
-  mla_attend_absorbed(d, q.data(), T, c_kv.data(), k_rot.data(), N, W, o_a.data(), s_a.data());
+  mla_attend_absorbed(d, q.data(), T, c_kv.data(), k_rot.data(), N,
+                      TestAbsorbedWeights(W, d).view(), o_a.data(), s_a.data());
   EXPECT_LT(max_abs_diff(o_e, o_a), 1e-5f);
   // Causality: the first new query (position 7) must ignore tokens 8..10.
   std::vector<float> kv2 = kv, kr2 = k_rot;
