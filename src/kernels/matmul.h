@@ -102,6 +102,11 @@ MatmulJob bf16_job(const float* x, int64_t T, const bf16* w, int64_t N, int64_t 
 MatmulJob mxfp4_job(const float* x, int64_t T, const uint8_t* packed, const uint8_t* scale,
                     int64_t N, int64_t K, float* y, Layout layout = Layout::kRowMajor);
 
+// Rows [row0, row0 + rows) of a dense job (F32, BF16 or lane-packed BF16 weights; row0 a
+// multiple of 64 for lane-packed ones) as a job of its own: the same arithmetic and bits for
+// those rows, written where the whole job writes them.
+MatmulJob job_rows(const MatmulJob& j, int64_t row0, int64_t rows);
+
 // Bytes of one weight row of the job (MXFP4: packed values and scales), and of all the weights
 // it reads (N rows, without a lane-packed matrix's padding; 0 when T = 0, which reads nothing).
 int64_t job_row_bytes(const MatmulJob& j);

@@ -740,6 +740,17 @@ MatmulJob dense_rows_job(const float* x, int64_t T, const TensorView& W, int64_t
                    W.data + static_cast<size_t>(row0 * K) * dtype_size(W.dtype), rows, K, y);
 }
 
+MatmulJob job_rows(const MatmulJob& j, int64_t row0, int64_t rows) {
+  assert(!is_mxfp4(j.kind) && row0 >= 0 && rows >= 0 && row0 + rows <= j.N);
+  assert(j.kind != WeightKind::kBF16Lanes || row0 % kLaneGroupRows == 0);
+  MatmulJob part = j;
+  part.w = static_cast<const std::byte*>(j.w) + row0 * job_row_bytes(j);
+  part.N = rows;
+  part.y = j.y + row0;
+  part.ldy = j.ldy > 0 ? j.ldy : j.N;
+  return part;
+}
+
 int64_t job_row_bytes(const MatmulJob& j) {
   switch (j.kind) {
     case WeightKind::kF32:

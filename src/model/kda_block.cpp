@@ -54,9 +54,9 @@ void project_inputs(const ModelConfig& c, const KdaWeights& w, const Proj& pj, c
 // The short causal convolutions (+ SiLU) per segment, each over its sequence's conv window, and
 // the second projections of the first batch's low-rank outputs (the forget gate's f_b_proj, and
 // g_b_proj for a low-rank output gate): independent work. When no segment's convolutions split
-// over the threads (a decode step's are too small to), one thread runs them while another runs
-// the projections; otherwise one after the other, each over every thread. The scratch of both is
-// taken before they start (the arena is the calling thread's).
+// over the threads (a decode step's are too small to), one thread runs them while the others
+// share the projections' rows, and joins them when done; otherwise one after the other, each
+// over every thread.
 void convolve_and_project(const ModelConfig& c, const KdaWeights& w, int layer, Segments segments,
                           const KdaShare& sh, const Proj& pj, int64_t T, const KdaRows& a) {
   const int64_t P = sh.P, Pv = sh.P;
@@ -67,7 +67,6 @@ void convolve_and_project(const ModelConfig& c, const KdaWeights& w, int layer, 
   MatmulJob jobs[2] = {dense_job(a.fa, T, w.f_b_proj, a.g)};
   int n = 1;
   if (!c.linear.use_full_rank_gate) jobs[n++] = dense_job(a.ga, T, w.g_b_proj, a.gate);
-  prepare_batch(pj, jobs, n);
   const auto convolve = [&] {
     for (const Segment& s : segments) {
       KdaState& st = s.state->kda[static_cast<size_t>(layer)];
@@ -83,15 +82,10 @@ void convolve_and_project(const ModelConfig& c, const KdaWeights& w, int layer, 
   for (const Segment& s : segments) splits = splits || causal_conv1d_silu_splits(s.rows, P, W);
   if (splits) {
     convolve();
-    run_batch(pj, jobs, n);
+    project_batch(pj, jobs, n);
     return;
   }
-  parallel_tasks(2, [&](int64_t i) {
-    if (i == 0)
-      convolve();
-    else
-      run_batch(pj, jobs, n);
-  });
+  project_batch_beside(pj, jobs, n, convolve);
 }
 
 // The gated delta rule per segment against its recurrent state: the recurrent form for one

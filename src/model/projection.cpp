@@ -8,6 +8,7 @@
 #include "kernels/activation.h"
 #include "kernels/norm.h"
 #include "kernels/parallel.h"
+#include "util/lanes.h"
 #include "util/parallel.h"
 
 namespace attnres {
@@ -93,27 +94,58 @@ void record(ProjectionStats& stats, const MatmulJob* jobs, int64_t n, double sec
   ++stats.batches;
 }
 
-}  // namespace
-
-void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
-  prepare_batch(pj, jobs, n, first_rounded);
-  run_batch(pj, jobs, n);
-}
-
+// Sets the batch's bf16 inputs and rounding, on the thread that owns the arena (before the work
+// is shared out).
 void prepare_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
   attach_bf16_inputs(pj, jobs, n);
   for (int64_t i = first_rounded; i < n; ++i) jobs[i].round_bf16 = pj.bf16;
 }
 
-void run_batch(const Proj& pj, const MatmulJob* jobs, int64_t n) {
+// run() and, with stats, its time recorded as the batch's.
+template <typename Run>
+void timed(const Proj& pj, const MatmulJob* jobs, int64_t n, const Run& run) {
   if (pj.stats == nullptr) {
-    matmul_batch(jobs, n);
-  } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    matmul_batch(jobs, n);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    record(*pj.stats, jobs, n, sec);
+    run();
+    return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  record(*pj.stats, jobs, n, sec);
+}
+
+constexpr int64_t kBesidePartBytes = int64_t{32} << 10;
+
+}  // namespace
+
+void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded) {
+  prepare_batch(pj, jobs, n, first_rounded);
+  timed(pj, jobs, n, [&] { matmul_batch(jobs, n); });
+}
+
+void project_batch_beside(const Proj& pj, MatmulJob* jobs, int64_t n, CallRef<> side) {
+  prepare_batch(pj, jobs, n, 0);
+  // Parts of whole 64-row groups (a lane-packed job's rows split only there).
+  const auto part_rows = [](const MatmulJob& j) {
+    const int64_t row_bytes = std::max<int64_t>(1, job_row_bytes(j));
+    return std::max<int64_t>(1, kBesidePartBytes / row_bytes / kLaneGroupRows) * kLaneGroupRows;
+  };
+  int64_t parts = 0;
+  for (int64_t i = 0; i < n; ++i)
+    parts += (jobs[i].N + part_rows(jobs[i]) - 1) / part_rows(jobs[i]);
+  MatmulJob* part = pj.arena.take<MatmulJob>(parts);
+  parts = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r0 = 0; r0 < jobs[i].N; r0 += part_rows(jobs[i]))
+      part[parts++] = job_rows(jobs[i], r0, std::min(part_rows(jobs[i]), jobs[i].N - r0));
+  timed(pj, jobs, n, [&] {
+    parallel_tasks(parts + 1, [&](int64_t t) {
+      if (t == 0)
+        side();
+      else
+        matmul_batch(part + t - 1, 1);  // inside a task: on this thread
+    });
+  });
 }
 
 TpStep tp_step(const ForwardOptions& opt) {

@@ -16,6 +16,7 @@
 #include "model/arena.h"
 #include "model/options.h"
 #include "parallel/gather.h"
+#include "util/parallel.h"
 
 namespace attnres {
 
@@ -36,12 +37,12 @@ Proj make_proj(const ForwardOptions& opt, Arena& arena, const float* input = nul
 // Runs the jobs in one parallel region; in the bf16 flow the outputs of jobs [first_rounded, n)
 // are rounded to bf16 (MatmulJob::round_bf16: by the threads that computed them).
 void project_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0);
-// project_batch in its two steps, for a batch that runs beside other work: prepare_batch takes
-// the batch's scratch from the arena (so on the thread that owns it, before the work is shared
-// out), run_batch runs the jobs (in one region, or on one thread when called from a task) and
-// records the stats.
-void prepare_batch(const Proj& pj, MatmulJob* jobs, int64_t n, int64_t first_rounded = 0);
-void run_batch(const Proj& pj, const MatmulJob* jobs, int64_t n);
+// project_batch with `side`, work that neither reads nor writes the jobs' inputs and outputs,
+// in the same region: `side` is one task and the jobs' rows, in parts of about 32 KiB of
+// weights (whole row groups), are the others, so the threads share the jobs and the one that
+// runs `side` joins them when it is done. For a decode step's small batch beside small serial
+// work (KDA's convolutions beside f_b_proj). The stats take the region's time. Dense jobs only.
+void project_batch_beside(const Proj& pj, MatmulJob* jobs, int64_t n, CallRef<> side);
 
 // y [T, N] = x [T, K] W^T, rounded to bf16 in the bf16 flow (a bf16 nn.Linear output).
 void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* y);

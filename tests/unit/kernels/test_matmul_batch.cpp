@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include "util/parallel.h"
 
+#include <algorithm>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -156,6 +157,29 @@ TEST(MatmulBatch, EqualsSingleCallsBitwiseForAnyThreadCount) {
     }
   });
   set_parallel_threads(saved);
+}
+
+// job_rows: a dense job cut into parts (row-major at any row, lane-packed at whole 64-row groups,
+// the last part ragged), the parts run one at a time, writes the whole job's bits.
+TEST(MatmulBatch, JobRowsPartsEqualTheWholeJob) {
+  const Batch b(/*integers=*/false, 9);
+  for_each_target([&] {
+    auto whole = b.outputs();
+    auto parts = b.outputs();
+    const auto jobs = b.jobs(whole);
+    const auto part_jobs = b.jobs(parts);
+    matmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()));
+    for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{6}, size_t{7}}) {
+      const MatmulJob& j = part_jobs[i];
+      const int64_t step = j.kind == WeightKind::kBF16Lanes ? kLaneGroupRows : 17;
+      for (int64_t r0 = 0; r0 < j.N; r0 += step) {
+        const MatmulJob part = job_rows(j, r0, std::min(step, j.N - r0));
+        matmul_batch(&part, 1);
+      }
+      EXPECT_EQ(0, std::memcmp(parts[i].data(), whole[i].data(), whole[i].size() * sizeof(float)))
+          << "job " << i;
+    }
+  });
 }
 
 TEST(MatmulBatch, ReferenceEqualsSingleReferences) {
