@@ -18,9 +18,10 @@
 // jobs (attention and MLP projections, the router, shared, latent and dense experts, an untied
 // lm_head) is read group by group into private memory in the lane-packed layout (util/lanes.h,
 // TensorView::layout), whatever the residence, so the same bits come out of every load and
-// every rank count (an output's bits depend only on its row and K). MLA's kv_b_proj (read by
-// the attention kernels row by row), the embedding and a tied head stay row-major; kv_b_proj's
-// per-head blocks are copied once more as the absorbed decode's projections (MlaWeights).
+// every rank count (an output's bits depend only on its row and K). MLA's kv_b_proj (the scalar
+// twins of the attention kernels read it row by row), the embedding and a tied head stay
+// row-major; kv_b_proj's per-head blocks are copied once more, lane-packed, as the absorbed
+// decode's projections (MlaWeights::w_uk_t, w_uv).
 //
 // Tensor parallelism (../shared/docs/parallel.md): loaded for rank r of P (a Shard), a sharded
 // tensor is bound as this rank's contiguous rows only (its balanced share of the output rows, in
