@@ -83,6 +83,7 @@ struct ModelInfo {
   int ranks = 1;                      // processes sharing the model (tensor parallelism)
   int64_t rank_weight_bytes = 0;      // this rank's share: its rows and the replicated tensors
   int64_t rank_replicated_bytes = 0;  // the replicated tensors alone
+  int64_t rank_copy_bytes = 0;  // copies made of them at load (MLA's per-head absorbed weights)
   bool has_tokenizer = false;
   int32_t eos_token = -1;            // the config's eos_token_id, -1 if none
   std::vector<int32_t> stop_tokens;  // <|end_of_msg|> and the config's eos, when present

@@ -239,6 +239,8 @@ class Binder {
       return;
     }
     report_->bytes_private += static_cast<int64_t>(owned_->bytes_used() - before);
+    report_->rank_copy_bytes += absorbed_head_bytes(
+        kv_b_proj.dtype, static_cast<int64_t>(uk_t.size()), nope, v, kv_b_proj.shape[1]);
   }
 
   // Counts a replicated view (bound whole on every rank) in this rank's bytes.
@@ -467,6 +469,16 @@ KdaWeights bind_kda(Binder& b, const ModelConfig& c, const std::string& p) {
   return w;
 }
 
+// An absorbed [n, k] matrix is lane-packed when BF16 with k even, else row-major as stored.
+bool absorbed_packed(DType dtype, int64_t k) {
+  return dtype == DType::kBF16 && k % 2 == 0;
+}
+
+int64_t absorbed_matrix_bytes(DType dtype, int64_t n, int64_t k) {
+  return absorbed_packed(dtype, k) ? lanes_size(n, k) * static_cast<int64_t>(sizeof(bf16))
+                                   : n * k * static_cast<int64_t>(dtype_size(dtype));
+}
+
 // The [n, k] matrix whose element (i, j) is kv_b_proj's element at(i, j) (a row-major index) as
 // a projection weight in `memory`: BF16 lane-packed when the stored dtype is BF16 and k even,
 // else row-major in the stored dtype.
@@ -484,20 +496,22 @@ TensorView absorbed_matrix(const TensorView& kv_b_proj, int64_t n, int64_t k, We
   t.dtype = kv_b_proj.dtype;
   t.shape = {n, k};
   t.nbytes = rows.size();
-  if (kv_b_proj.dtype == DType::kBF16 && k % 2 == 0) {
-    std::byte* buf = memory.allocate(static_cast<size_t>(lanes_size(n, k)) * sizeof(bf16));
+  std::byte* buf = memory.allocate(static_cast<size_t>(absorbed_matrix_bytes(t.dtype, n, k)));
+  t.data = buf;
+  if (absorbed_packed(t.dtype, k)) {
     pack_bf16_lanes(reinterpret_cast<const bf16*>(rows.data()), n, k, reinterpret_cast<bf16*>(buf));
-    t.data = buf;
     t.layout = Layout::kBf16Lanes;
   } else {
-    std::byte* buf = memory.allocate(rows.size());
     std::memcpy(buf, rows.data(), rows.size());
-    t.data = buf;
   }
   return t;
 }
 
 }  // namespace
+
+int64_t absorbed_head_bytes(DType dtype, int64_t heads, int64_t nope, int64_t v, int64_t r) {
+  return heads * (absorbed_matrix_bytes(dtype, r, nope) + absorbed_matrix_bytes(dtype, v, r));
+}
 
 void absorbed_head_weights(const TensorView& kv_b_proj, int64_t nope, int64_t v,
                            WeightMemory& memory, std::vector<Matrix>& uk_t,

@@ -109,6 +109,9 @@ struct MlaWeights {
 void absorbed_head_weights(const TensorView& kv_b_proj, int64_t nope, int64_t v,
                            WeightMemory& memory, std::vector<Matrix>& uk_t,
                            std::vector<Matrix>& uv);
+// Bytes of the copies absorbed_head_weights() makes for `heads` heads of a kv_b_proj stored as
+// `dtype` with latent rank r (lane-packed sizes where it packs).
+int64_t absorbed_head_bytes(DType dtype, int64_t heads, int64_t nope, int64_t v, int64_t r);
 
 struct ExpertWeights {
   ExpertMatrix w1;  // gate [I, K]
@@ -163,6 +166,9 @@ struct BindReport {
   // every replicated tensor), and of the replicated ones alone. Equal to the bound total at P = 1.
   int64_t rank_bytes = 0;
   int64_t rank_replicated_bytes = 0;
+  // Copies this rank derives from its views at load, in private memory beside them: MLA's
+  // per-head absorbed projections (absorbed_head_bytes).
+  int64_t rank_copy_bytes = 0;
 };
 
 struct ModelWeights {

@@ -19,6 +19,9 @@ std::vector<TpRankPlan> tp_rank_plans(const ModelConfig& c, int ranks) {
       const int64_t b = shard_tensor_bytes(s, dt, shard);
       p.weight_bytes += b;
       if (s.split_units == 0) p.replicated_bytes += b;
+      if (s.name.ends_with("kv_b_proj.weight"))  // split by heads
+        p.copy_bytes += absorbed_head_bytes(dt, shard.range(s.split_units).size(),
+                                            c.qk_nope_head_dim, c.v_head_dim, s.shape[1]);
       if (s.name == "embed_tokens.weight") {
         p.read_bytes_per_token += b / s.shape[0];  // one row
       } else if (s.name.find(".experts.") != std::string::npos) {

@@ -1,8 +1,9 @@
 // What tensor parallelism costs for a config, computed from the config alone (no weights):
 // each rank's weight bytes (from the binder's own tensor list and split rules, so it is what a
-// rank binds; tests compare it with load_model), the weights it reads per decoded token, its KDA
-// state per sequence, and the gathers one decoded token makes (counted the way the blocks make
-// them; tests compare the count with a run). For `attnres plan --ranks`.
+// rank binds; tests compare it with load_model) and the copies it makes of them, the weights it
+// reads per decoded token, its KDA state per sequence, and the gathers one decoded token makes
+// (counted the way the blocks make them; tests compare the count with a run). For `attnres plan
+// --ranks`.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,9 @@ struct TpRankPlan {
   int rank = 0;
   int64_t weight_bytes = 0;      // its rows of every sharded tensor + every replicated tensor
   int64_t replicated_bytes = 0;  // the replicated tensors alone
+  // Copies it derives at load beside weight_bytes (BindReport::rank_copy_bytes): MLA's per-head
+  // absorbed projections of its heads.
+  int64_t copy_bytes = 0;
   // Weights one decoded token reads on this rank: its rows of every dense matrix and of the
   // top-k routed experts (k/E of each expert tensor), the replicated norms and queries, one
   // embedding row.

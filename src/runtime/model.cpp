@@ -137,6 +137,7 @@ Result<std::shared_ptr<const Model>> FollowerAccess::load(const ModelLoadOptions
   info.ranks = shard.ranks;
   info.rank_weight_bytes = w.report.rank_bytes;
   info.rank_replicated_bytes = w.report.rank_replicated_bytes;
+  info.rank_copy_bytes = w.report.rank_copy_bytes;
   info.has_tokenizer = m->impl_->tokenizer != nullptr;
   if (const Tokenizer* t = m->impl_->tokenizer.get()) {
     if (const TokenId eom = t->special_id(kEndOfMsgToken); eom >= 0)

@@ -278,6 +278,7 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
       {"ranks", info.ranks},
       {"rank_weight_bytes", info.rank_weight_bytes},
       {"rank_replicated_bytes", info.rank_replicated_bytes},
+      {"rank_copy_bytes", info.rank_copy_bytes},
       {"collectives_per_token", last.collectives_per_token},
       {"gathers_per_token", last.gathers_per_token},
       {"gather_bytes_per_token", last.gather_bytes_per_token},
@@ -381,11 +382,13 @@ int run_single(const BenchArgs& a, std::shared_ptr<const Model> model, const Eng
   if (info.ranks > 1)
     std::printf(
         "ranks          %d: %.1f collectives/token (%.1f gathers), %.2f MB gathered/token, "
-        "%.1f%% of decode time in collectives; rank 0 weights %.1f MB (%.1f MB replicated)\n",
+        "%.1f%% of decode time in collectives; rank 0 weights %.1f MB (%.1f MB replicated) + "
+        "%.1f MB of copies\n",
         info.ranks, last.collectives_per_token, last.gathers_per_token,
         last.gather_bytes_per_token / 1e6, 100.0 * median(comm_share),
         static_cast<double>(info.rank_weight_bytes) / 1e6,
-        static_cast<double>(info.rank_replicated_bytes) / 1e6);
+        static_cast<double>(info.rank_replicated_bytes) / 1e6,
+        static_cast<double>(info.rank_copy_bytes) / 1e6);
   std::printf("peak RSS       %.2f GB (rank 0)\n", static_cast<double>(peak_rss) / 1e9);
   if (info.bytes_in_memory > 0)
     std::printf("weight pages   %.2f of %.2f GB in memory on transparent huge pages (rank 0)\n",

@@ -3,9 +3,9 @@
 // every policy, the liveness lower bound and the verifier's findings. Exit status 1 when the
 // planned policy fails its guarantees (a hazard, or more buffers than the lower bound).
 // With --ranks P: tensor parallelism on P ranks (docs/parallel.md): per rank the weight bytes
-// (and the replicated part), the weights read per decoded token, the KDA state and latent-cache
-// bytes per sequence at T tokens, the activation storage; and the gathers and gathered bytes
-// per decoded token.
+// (and the replicated part, and the copies made of them at load), the weights read per decoded
+// token, the KDA state and latent-cache bytes per sequence at T tokens, the activation storage; and
+// the gathers and gathered bytes per decoded token.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -58,6 +58,7 @@ nlohmann::json tp_section(const ModelConfig& c, const PlanArgs& a, int64_t activ
     rows.push_back({{"rank", r.rank},
                     {"weight_bytes", r.weight_bytes},
                     {"replicated_bytes", r.replicated_bytes},
+                    {"copy_bytes", r.copy_bytes},
                     {"weights_read_per_token", r.read_bytes_per_token},
                     {"kda_state_bytes_per_sequence", r.kda_state_bytes}});
   j["per_rank"] = rows;
@@ -65,12 +66,12 @@ nlohmann::json tp_section(const ModelConfig& c, const PlanArgs& a, int64_t activ
   const auto gb = [](int64_t b) { return static_cast<double>(b) / 1e9; };
   std::printf("\ntensor parallelism on %d ranks (%s activations, %lld tokens per sequence):\n",
               a.ranks, a.dtype.c_str(), static_cast<long long>(a.tokens));
-  std::printf("%6s %14s %14s %18s %16s %16s %14s\n", "rank", "weights GB", "replicated GB",
-              "read/token GB", "KDA state MB", "latent cache MB", "activations MB");
+  std::printf("%6s %14s %14s %10s %18s %16s %16s %14s\n", "rank", "weights GB", "replicated GB",
+              "copies GB", "read/token GB", "KDA state MB", "latent cache MB", "activations MB");
   for (const TpRankPlan& r : ranks)
-    std::printf("%6d %14.3f %14.3f %18.3f %16.2f %16.2f %14.2f\n", r.rank, gb(r.weight_bytes),
-                gb(r.replicated_bytes), gb(r.read_bytes_per_token),
-                static_cast<double>(r.kda_state_bytes) / 1e6,
+    std::printf("%6d %14.3f %14.3f %10.3f %18.3f %16.2f %16.2f %14.2f\n", r.rank,
+                gb(r.weight_bytes), gb(r.replicated_bytes), gb(r.copy_bytes),
+                gb(r.read_bytes_per_token), static_cast<double>(r.kda_state_bytes) / 1e6,
                 static_cast<double>(cache_bytes) / 1e6,
                 static_cast<double>(activation_bytes) / 1e6);
   std::printf(

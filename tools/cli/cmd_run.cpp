@@ -226,6 +226,7 @@ int run(const RunArgs& a) {
     j["threads"] = thread_count();
     j["ranks"] = info.ranks;
     j["rank_weight_bytes"] = info.rank_weight_bytes;
+    j["rank_copy_bytes"] = info.rank_copy_bytes;
     j["collectives"] = es.collectives;
     j["gather_bytes"] = es.gather_bytes;
     j["prefill_seconds"] = r.ttft_seconds;

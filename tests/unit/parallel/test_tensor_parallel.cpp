@@ -133,9 +133,24 @@ TEST(Gather, FusedPartsAssembleEveryRanksColumns) {
   }
 }
 
+// Bytes of the absorbed copies a load made (MLA's w_uk_t and w_uv), from the views themselves.
+int64_t absorbed_copy_bytes(const ModelWeights& w) {
+  int64_t bytes = 0;
+  for (const LayerWeights& l : w.layers) {
+    if (!l.mla) continue;
+    for (const auto* copies : {&l.mla->w_uk_t, &l.mla->w_uv})
+      for (const Matrix& m : *copies)
+        bytes += m.layout == Layout::kBf16Lanes ? lanes_size(m.shape[0], m.shape[1]) * 2
+                                                : static_cast<int64_t>(m.nbytes);
+  }
+  return bytes;
+}
+
 // Each rank binds only its rows: the shares of the sharded tensors add up to the whole, the
 // replicated part is the same on every rank, shard_tensor_bytes() predicts every rank's bytes,
 // and at P = 4 each rank is within 10% of a quarter of the sharded bytes plus the replicated.
+// The copies a rank makes at load are counted (rank_copy_bytes), and `plan --ranks`
+// (tp_rank_plans) predicts them and the bound bytes where the checkpoint has the release dtypes.
 TEST(WeightShards, EveryRankBindsItsRowsOnly) {
   for (const std::string name : {"tiny-a", "tiny-b", "tp-odd"}) {
     auto whole = load_model(model_dir(name));
@@ -154,12 +169,17 @@ TEST(WeightShards, EveryRankBindsItsRowsOnly) {
           const DType dt = s.u8 ? DType::kU8 : release_dtype(s.name);
           predicted += shard_tensor_bytes(s, dt, Shard{r, P});
         }
+        EXPECT_GT(w->report.rank_copy_bytes, 0) << name;
+        EXPECT_EQ(w->report.rank_copy_bytes, absorbed_copy_bytes(*w)) << name << " P " << P;
         if (name == "tp-odd") {
           // The synthetic checkpoint stores A_log zero-padded to head_dim (as the release
           // does); the specs have its canonical [H].
           const ModelConfig& c = w->config;
           const int64_t padding = c.schedule.num_kda * (c.linear.head_dim - c.linear.num_heads) * 4;
           EXPECT_EQ(predicted + padding, w->report.rank_bytes) << "P " << P;
+          const TpRankPlan plan = tp_rank_plans(c, P)[static_cast<size_t>(r)];
+          EXPECT_EQ(plan.weight_bytes + padding, w->report.rank_bytes) << "P " << P;
+          EXPECT_EQ(plan.copy_bytes, w->report.rank_copy_bytes) << "P " << P;
         }
         if (P == 4) {
           const double ideal = static_cast<double>(total - repl) / 4 + static_cast<double>(repl);
