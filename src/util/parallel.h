@@ -59,21 +59,21 @@ void parallel_tasks(int64_t n, TaskRef task);
 inline constexpr int64_t kSplitPiecesPerThread = 16;
 void parallel_split(int64_t n, int64_t threads, RangeRef fn);
 
-// fn(begin, end) over [0, n) in contiguous, non-empty ranges claimed dynamically when
-// `parallel`, else fn(0, n) on the calling thread. Up to kRangeItemsPerThread items per thread
-// (heads, row groups: items of real size) are claimed one at a time; more, by parallel_split.
-// Which thread runs an item never changes its arithmetic.
-inline constexpr int64_t kRangeItemsPerThread = 4;
+// fn(begin, end) over [0, n) in contiguous, non-empty ranges when `parallel` (parallel_split
+// over the pool's threads), else fn(0, n) on the calling thread. Which thread runs an item never
+// changes its arithmetic. Even a few items (heads, row groups) go as one contiguous run per
+// thread, not one item a claim: adjacent items are adjacent memory, and claims alternating
+// between the cores put neighbouring items on different cores (likely each core's prefetcher
+// then fetched lines of the other's next item; not measured). The
+// KDA delta rule of a decode step on k3-mini (8 heads of 64 KiB state, 2 threads) took 20.5-22.5
+// us a layer this way against 32-35 us by single claims where memory streamed fast, 19-23
+// against 21-24 where slow (docs/performance.md, "Contiguous ranges for few items").
 template <typename Fn>
 void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
   if (n <= 0) return;
   const int64_t threads = parallel_threads();
   if (!parallel || threads <= 1 || n == 1) {
     fn(int64_t{0}, n);
-    return;
-  }
-  if (n <= kRangeItemsPerThread * threads) {
-    parallel_tasks(n, [&](int64_t i) { fn(i, i + 1); });
     return;
   }
   parallel_split(n, threads, fn);
