@@ -3,23 +3,57 @@
 // The kernels are idempotent so every pass does the same work and the final contents have a
 // closed form: a = 1 (read-only), copy c = a (-> 1), triad b = a + 3 c (-> 4), read: the sum
 // of b's 64-bit words mod 2^64 (-> n times the bits of 4.0).
-#include "kernels/stream_probe.h"
-
-#include <atomic>
-
-#include "util/parallel.h"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/stream_probe.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <new>
 #include <string>
 
+#include "kernels/stream_probe.h"
 #include "util/cpu.h"
+#include "util/memory.h"
+#include "util/parallel.h"
 
+HWY_BEFORE_NAMESPACE();
+namespace attnres {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The sum of words [0, n) mod 2^64 in the widest vectors (as the kernels the probe stands for
+// load), four vectors of partial sums so that add latency never caps a core's read rate.
+uint64_t SumWords(const uint64_t* HWY_RESTRICT w, int64_t n) {
+  const hn::ScalableTag<uint64_t> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {
+    a0 = hn::Add(a0, hn::LoadU(d, w + i));
+    a1 = hn::Add(a1, hn::LoadU(d, w + i + L));
+    a2 = hn::Add(a2, hn::LoadU(d, w + i + 2 * L));
+    a3 = hn::Add(a3, hn::LoadU(d, w + i + 3 * L));
+  }
+  uint64_t sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) {
+    uint64_t x;
+    std::memcpy(&x, w + i, sizeof(x));  // callers' data may be unaligned
+    sum += x;
+  }
+  return sum;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnres
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace attnres {
 namespace {
 
@@ -35,27 +69,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+HWY_EXPORT(SumWords);
+
 uint64_t stream_read_pass(const std::byte* data, size_t bytes, int threads) {
   if (threads <= 0) threads = parallel_threads();
   const int64_t n = static_cast<int64_t>(bytes / sizeof(uint64_t));
   std::atomic<uint64_t> acc{0};
-  // Integer adds (no floating-point assists on arbitrary bit patterns), eight independent
-  // partial sums per thread so add latency never caps a core's read rate; one contiguous part
-  // per thread.
+  // Integer adds (no floating-point assists on arbitrary bit patterns); one contiguous part per
+  // thread. `data` may be unaligned: the words are loaded unaligned.
+  const auto* words = reinterpret_cast<const uint64_t*>(data);
   split(n, threads, [&](int64_t begin, int64_t end) {
-    uint64_t p[8] = {};
-    int64_t i = begin;
-    for (; i + 8 <= end; i += 8) {
-      uint64_t w[8];
-      std::memcpy(w, data + i * 8, sizeof(w));  // unaligned-safe 64-byte load
-      for (int j = 0; j < 8; ++j) p[j] += w[j];
-    }
-    for (; i < end; ++i) {
-      uint64_t w;
-      std::memcpy(&w, data + i * 8, sizeof(w));
-      p[0] += w;
-    }
-    acc += ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    acc += HWY_DYNAMIC_DISPATCH(SumWords)(words + begin, end - begin);
   });
   uint64_t total = acc.load();
   for (size_t i = static_cast<size_t>(n) * sizeof(uint64_t); i < bytes; ++i)
@@ -80,11 +104,14 @@ Result<double> sustained_read_gb_s(double seconds, int threads) {
                   "sustained_read_gb_s: seconds: expected > 0, found " + std::to_string(seconds));
   if (threads <= 0) threads = parallel_threads();
   const int64_t n = static_cast<int64_t>(default_array_bytes() / sizeof(uint64_t));
-  std::unique_ptr<uint64_t[]> a(new (std::nothrow) uint64_t[n]);  // [n], touched below
-  if (!a)
+  WeightMemory memory;     // huge pages, as the weights (stream_probe.h)
+  uint64_t* pa = nullptr;  // [n], touched below
+  try {
+    pa = reinterpret_cast<uint64_t*>(memory.allocate(static_cast<size_t>(n) * sizeof(uint64_t)));
+  } catch (const std::bad_alloc&) {
     return Status(ErrorCode::kInternal, "sustained_read_gb_s: cannot allocate " +
                                             std::to_string(n * sizeof(uint64_t)) + " bytes");
-  uint64_t* pa = a.get();
+  }
   split(n, threads, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) pa[i] = static_cast<uint64_t>(i);
   });
@@ -118,16 +145,19 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
   int threads = options.threads;
   if (threads <= 0) threads = parallel_threads();
   const int64_t n = static_cast<int64_t>(bytes / sizeof(double));
-  // Uninitialised on purpose: the first touch below places pages near the threads using them.
-  std::unique_ptr<double[]> a(new (std::nothrow) double[n]);  // [n]
-  std::unique_ptr<double[]> b(new (std::nothrow) double[n]);  // [n]
-  std::unique_ptr<double[]> c(new (std::nothrow) double[n]);  // [n]
-  if (!a || !b || !c)
+  // On huge pages, as the weights (stream_probe.h). Uninitialised on purpose: the first touch
+  // below places pages near the threads using them.
+  WeightMemory memory;
+  double *pa = nullptr, *pb = nullptr, *pc = nullptr;  // [n] each
+  try {
+    const size_t array_bytes = static_cast<size_t>(n) * sizeof(double);
+    pa = reinterpret_cast<double*>(memory.allocate(array_bytes));
+    pb = reinterpret_cast<double*>(memory.allocate(array_bytes));
+    pc = reinterpret_cast<double*>(memory.allocate(array_bytes));
+  } catch (const std::bad_alloc&) {
     return Status(ErrorCode::kInternal,
                   "stream_probe: cannot allocate 3 arrays of " + std::to_string(bytes) + " bytes");
-  double* pa = a.get();
-  double* pb = b.get();
-  double* pc = c.get();
+  }
   split(n, threads, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       pa[i] = 1.0;
@@ -190,3 +220,4 @@ Result<StreamResult> stream_probe(const StreamOptions& options) {
 }
 
 }  // namespace attnres
+#endif  // HWY_ONCE

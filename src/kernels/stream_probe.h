@@ -2,7 +2,8 @@
 // `attnres bench` are measured against.
 //
 // Contract: stream_probe() allocates three f64 arrays of `array_bytes` each (default: 4x the
-// last-level cache, at least 64 MiB), first-touches them from the threads that will use them
+// last-level cache, at least 64 MiB) on transparent huge pages (WeightMemory, where the weights
+// and the per-sequence state live), first-touches them from the threads that will use them
 // (a contiguous static partition over the pool's threads, util/parallel.h), then times `reps`
 // passes of each kernel and reports the best pass as GB/s (1 GB = 1e9 bytes):
 //   copy:  c[i] = a[i]                 counts 2 arrays of traffic (STREAM convention, no
@@ -11,6 +12,13 @@
 //                                      streaming read; the limit decode GEMV is held to)
 // The arrays' final contents are checked against the closed-form values (as STREAM does), and
 // a mismatch is an error. Not thread-safe with itself (it saturates the machine by design).
+//
+// The read pass loads the widest vectors the CPU has (Highway dispatch), as the kernels do. On
+// 4 KiB pages with 16-byte loads it understated what the machine gives the engine: on the Zen 4
+// development host, in a minute where the dense decode projections streamed 54-60 GB/s, a
+// two-thread read of 128 MiB read 49.6 GB/s that way, 54.8 on huge pages and 62.4 on huge pages
+// with 64-byte loads (best of six passes each, alternated, 2026-12-07; docs/performance.md,
+// "The probe's pages and loads").
 #pragma once
 
 #include <cstddef>
