@@ -40,7 +40,12 @@ uint64_t SumWords(const uint64_t* HWY_RESTRICT w, int64_t n) {
     a2 = hn::Add(a2, hn::LoadU(d, w + i + 2 * L));
     a3 = hn::Add(a3, hn::LoadU(d, w + i + 3 * L));
   }
-  uint64_t sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  // The lanes summed as unsigned words (a reduction intrinsic adds them as signed, which
+  // overflows).
+  HWY_ALIGN uint64_t lanes[hn::MaxLanes(d)];
+  hn::Store(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), d, lanes);
+  uint64_t sum = 0;
+  for (int64_t j = 0; j < L; ++j) sum += lanes[j];
   for (; i < n; ++i) {
     uint64_t x;
     std::memcpy(&x, w + i, sizeof(x));  // callers' data may be unaligned
