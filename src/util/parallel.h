@@ -64,10 +64,10 @@ void parallel_split(int64_t n, int64_t threads, RangeRef fn);
 // changes its arithmetic. Even a few items (heads, row groups) go as one contiguous run per
 // thread, not one item a claim: adjacent items are adjacent memory, and claims alternating
 // between the cores put neighbouring items on different cores (likely each core's prefetcher
-// then fetched lines of the other's next item; not measured). The
-// KDA delta rule of a decode step on k3-mini (8 heads of 64 KiB state, 2 threads) took 20.5-22.5
-// us a layer this way against 32-35 us by single claims where memory streamed fast, 19-23
-// against 21-24 where slow (docs/performance.md, "Contiguous ranges for few items").
+// then fetched lines of the other's next item; not measured). The KDA delta rule of a decode
+// step on k3-mini (8 heads of 64 KiB state, 2 threads) took 20.5-22.1 us a layer this way
+// against 32.2-34.6 us by single claims where memory streamed fast, 18.9-21.6 against 20.6-23.7
+// where slow (docs/performance.md, "Contiguous ranges for few items").
 template <typename Fn>
 void parallel_ranges(int64_t n, bool parallel, const Fn& fn) {
   if (n <= 0) return;
