@@ -4,8 +4,10 @@
 // rows. A group's codes of four pairs are one 64-byte load (the quad of util/mxfp4_lanes.h): per
 // pair one vpermw of the words' low five bits from a fixed 32-word table (the 16 E2M1 values
 // twice, so that bit 4, the next nibble's, does not matter) gives the group's 32 unscaled bf16
-// weights, even elements in the low words and odd in the high, and one 4-bit word shift brings
-// up the next pair's codes; each token's pair is a 32-bit broadcast from its row. A block's 16
+// weights, even elements in the low words and odd in the high. Pair 1's codes come up by a 4-bit
+// word shift, pairs 2 and 3's by loading the quad again one byte on (and a shift): the vector
+// units bound the one-token tile, the load ports do not. Each token's pair is a 32-bit
+// broadcast from its row. A block's 16
 // pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to the
 // accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
 // horizontal sum, no table per scale, no copy of the tokens. f32 tokens on AVX3: tiles of 1-4
@@ -33,6 +35,7 @@
 #include <cassert>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/count_hwy-inl.h"
@@ -149,12 +152,31 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
 }
 
 #if HWY_TARGET == HWY_AVX3
-// The group's 16 rows' scales of one block as f32 factors (E8m0Bits).
+// The group's 16 rows' scales of one block as f32 factors (E8m0Bits). kNormal: the caller knows
+// that no byte is 0 or 255 (NormalScales), so each factor is the byte shifted into the f32
+// exponent field: two instructions instead of six, of the ~51 a group's block costs a
+// one-token tile.
+template <bool kNormal>
 HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
+  const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  if constexpr (kNormal) return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint8_t, decltype(du)> d8;
-  return hn::BitCast(df, E8m0Bits(du, hn::PromoteTo(du, hn::LoadU(d8, p)))).raw;
+  return hn::BitCast(df, E8m0Bits(du, hn::VFromD<decltype(du)>{e})).raw;
+}
+
+// Whether none of the n E8M0 bytes at p is 0 (2^-127, a subnormal factor) or 255 (NaN), so that
+// BlockScales<true> gives every factor: the bytes' minimum and maximum, 64 at a time.
+HWY_INLINE bool NormalScales(const uint8_t* HWY_RESTRICT p, int64_t n) {
+  __m512i lo = _mm512_set1_epi8(1), hi = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; i += 64) {
+    const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+    const __m512i v = _mm512_mask_loadu_epi8(_mm512_set1_epi8(1), m, p + i);
+    lo = _mm512_min_epu8(lo, v);
+    hi = _mm512_max_epu8(hi, v);
+  }
+  return _mm512_cmpeq_epi8_mask(lo, _mm512_setzero_si512()) == 0 &&
+         _mm512_cmpeq_epi8_mask(hi, _mm512_set1_epi8(-1)) == 0;
 }
 
 // The pieces DotTile and F32Tile share. A tile covers NV groups (the first group's codes and
@@ -184,12 +206,26 @@ HWY_INLINE void LoadQuadCodes(const uint8_t* codes, int64_t group_codes, int64_t
     d[v] = _mm512_loadu_si512(codes + v * group_codes + u * kMxfp4QuadBytes);
 }
 
+// Quad u's codes of each group loaded one byte on, so that each 16-bit word holds the high byte
+// of the quad's word, with the codes of its pairs 2 and 3 (bits 8-15), in its low byte: a second
+// load from L1 in place of an 8-bit shift on the vector units, which bound DotTile. The byte
+// after the quad is masked out (the word's high byte, which no table index reads), so the load
+// never reaches past the codes.
+template <int NV>
+HWY_INLINE void LoadQuadHighBytes(const uint8_t* codes, int64_t group_codes, int64_t u,
+                                  __m512i (&d)[NV]) {
+  constexpr __mmask64 kQuadBytesAfterFirst = ~__mmask64{0} >> 1;
+  for (int v = 0; v < NV; ++v)
+    d[v] = _mm512_maskz_loadu_epi8(kQuadBytesAfterFirst,
+                                   codes + v * group_codes + u * kMxfp4QuadBytes + 1);
+}
+
 // acc += s times block b's scales, then s = 0 for the next block.
-template <int MR, int NV>
+template <int MR, int NV, bool kNormalScales>
 HWY_INLINE void AddBlockSums(const uint8_t* scales, int64_t group_scales, int64_t b,
                              __m512 (&s)[MR][NV], __m512 (&acc)[MR][NV]) {
   for (int v = 0; v < NV; ++v) {
-    const __m512 sc = BlockScales(scales + v * group_scales + b * kRows);
+    const __m512 sc = BlockScales<kNormalScales>(scales + v * group_scales + b * kRows);
     for (int m = 0; m < MR; ++m) {
       acc[m][v] = _mm512_fmadd_ps(s[m][v], sc, acc[m][v]);
       s[m][v] = _mm512_setzero_ps();
@@ -220,8 +256,8 @@ constexpr int F32Groups() {
 // multiply-adds): a quad's 32-bit lanes index a 16-entry f32 table of the E2M1 values with their
 // low four bits (vpermps reads no more), the pair's even element, and, shifted by 16, its odd
 // one; a 4-bit shift brings up the next pair. Each token's two elements are broadcasts. The same
-// next-tile prefetch as DotTile when kPrefetch.
-template <int MR, int NV, bool kPrefetch>
+// next-tile prefetch as DotTile when kPrefetch, and the same scales.
+template <int MR, int NV, bool kPrefetch, bool kNormalScales>
 HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* HWY_RESTRICT codes,
                           const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy) {
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
@@ -258,7 +294,7 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
         }
       }
     }
-    AddBlockSums(scales, group_scales, b, s, acc);
+    AddBlockSums<MR, NV, kNormalScales>(scales, group_scales, b, s, acc);
   }
   StoreTile(acc, y, ldy);
 }
@@ -285,7 +321,8 @@ ATTNRES_BF16_DOT HWY_INLINE __m512i Bf16E2m1Table() {
 // MR bf16 tokens x NV groups (codes and scales of the tile's first group; group_codes and
 // group_scales bytes apart). kPrefetch: the first tile over these groups, which streams them
 // from memory, prefetches the next NV groups' codes as it goes (PrefetchNextGroups).
-template <int MR, int NV, bool kPrefetch>
+// kNormalScales: no scale byte of the groups is 0 or 255 (BlockScales).
+template <int MR, int NV, bool kPrefetch, bool kNormalScales>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                            const uint8_t* HWY_RESTRICT codes,
                                            const uint8_t* HWY_RESTRICT scales,
@@ -306,14 +343,15 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
       const int64_t u = b * kBlockQuads + j;
       if constexpr (kPrefetch) PrefetchNextGroups<NV>(next, u);
       __m512i d[NV];
-      LoadQuadCodes(codes, group_codes, u, d);
 #pragma GCC unroll 4
       for (int64_t p = 0; p < kQuadPairs; ++p) {
         const int64_t q = u * kQuadPairs + p;
+        if (p == 0) LoadQuadCodes(codes, group_codes, u, d);
+        if (p == 2) LoadQuadHighBytes(codes, group_codes, u, d);
         __m512bh w[NV];
         for (int v = 0; v < NV; ++v) {
           w[v] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(d[v], table));
-          d[v] = _mm512_srli_epi16(d[v], 4);
+          if (p % 2 == 0) d[v] = _mm512_srli_epi16(d[v], 4);
         }
         for (int m = 0; m < MR; ++m) {
           int32_t pair;
@@ -323,7 +361,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
         }
       }
     }
-    AddBlockSums(scales, group_scales, b, s, acc);
+    AddBlockSums<MR, NV, kNormalScales>(scales, group_scales, b, s, acc);
   }
   StoreTile(acc, y, ldy);
 }
@@ -346,18 +384,37 @@ HWY_INLINE void ForEachGroupRun(int64_t K, const uint8_t* codes, const uint8_t* 
     });
 }
 
+// fn(std::bool_constant<a>(), std::bool_constant<b>()) for runtime a and b.
+template <class Fn>
+HWY_INLINE void WithFlags(bool a, bool b, const Fn& fn) {
+  const auto second = [&](auto ta) {
+    if (b)
+      fn(ta, std::true_type());
+    else
+      fn(ta, std::false_type());
+  };
+  if (a)
+    second(std::true_type());
+  else
+    second(std::false_type());
+}
+
 // Rows [row0, row0 + rows) (whole groups) for the MR tokens from t; y is token t's output of
-// row row0. `first`: this is the first token tile over the rows in this call.
+// row row0. `first`: this is the first token tile over the rows in this call; `normal`: no
+// scale byte of the rows is 0 or 255 (NormalScales).
 template <int MR>
 void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
-               int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first) {
+               int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first,
+               bool normal) {
   const int64_t K = x.K, g0 = row0 / kRows, g1 = (row0 + rows) / kRows;
 #if HWY_TARGET == HWY_AVX3
   if (path == TilePath::kDot) {
     ForEachGroupRun<DotGroups<MR>()>(
         K, codes, scales, g0, g1, y, [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
-          constexpr int NV = decltype(tag)::value;
-          (first ? DotTile<MR, NV, true> : DotTile<MR, NV, false>)(x.xh + t * K, K, c, s, yt, ldy);
+          WithFlags(first, normal, [&](auto prefetch, auto normal_scales) {
+            DotTile<MR, decltype(tag)::value, prefetch(), normal_scales()>(x.xh + t * K, K, c, s,
+                                                                           yt, ldy);
+          });
         });
     return;
   }
@@ -366,9 +423,10 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
       ForEachGroupRun<F32Groups<MR>()>(
           K, codes, scales, g0, g1, y,
           [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
-            constexpr int NV = decltype(tag)::value;
-            (first ? F32Tile<MR, NV, true> : F32Tile<MR, NV, false>)(x.xf + t * K, K, c, s, yt,
-                                                                     ldy);
+            WithFlags(first, normal, [&](auto prefetch, auto normal_scales) {
+              F32Tile<MR, decltype(tag)::value, prefetch(), normal_scales()>(x.xf + t * K, K, c, s,
+                                                                             yt, ldy);
+            });
           });
       return;
     }
@@ -376,6 +434,7 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
 #endif
   (void)path;
   (void)first;
+  (void)normal;
   ForEachGroupRun<1>(K, codes, scales, g0, g1, y,
                      [&](auto, const uint8_t* c, const uint8_t* s, float* yt) {
                        GenericTile<MR>(x, t, c, s, yt, ldy);
@@ -397,12 +456,17 @@ void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_
   const int64_t row_bytes = K * (xh != nullptr ? 2 : 4);
   int64_t tb = std::max<int64_t>(most, (512 << 10) / std::max<int64_t>(row_bytes, 1));
   tb = tb / most * most;
+  bool normal = false;
+#if HWY_TARGET == HWY_AVX3
+  const int64_t group_scales = K / kMxfp4BlockSize * kRows;
+  normal = NormalScales(scales + row0 / kRows * group_scales, rows / kRows * group_scales);
+#endif
   for (int64_t t0 = 0; t0 < T; t0 += tb) {
     const int64_t tn = std::min(tb, T - t0);
     ForEachTokenTile(tn, most, [&](int64_t t, int64_t mr) {
       WithCount<kMaxDotTokens>(mr, [&](auto tag) {
         TokenTile<decltype(tag)::value>(x, t0 + t, codes, scales, row0, rows, y + (t0 + t) * ldy,
-                                        ldy, path, t == 0);
+                                        ldy, path, t == 0, normal);
       });
     });
   }

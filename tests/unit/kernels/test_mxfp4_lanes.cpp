@@ -1,7 +1,9 @@
 // MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h): the packed layout holds every
 // element once; the dispatched kernel gives its scalar twin's bits on every Highway target this
 // CPU supports, for every tile size and row range, with bf16 tokens (and with f32 tokens on
-// targets with FMA), scale bytes 0, 1, 254 and 255 included; a token alone gives the bits it gets
+// targets with FMA), scale bytes 0, 1, 254 and 255 included (row ranges with and without them:
+// the kernel converts scales without their special cases where a range has none); a token alone
+// gives the bits it gets
 // among others; and the result agrees with an f64 evaluation within the rounding bound.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
