@@ -4,10 +4,10 @@
 // rows. A group's codes of four pairs are one 64-byte load (the quad of util/mxfp4_lanes.h): per
 // pair one vpermw of the words' low five bits from a fixed 32-word table (the 16 E2M1 values
 // twice, so that bit 4, the next nibble's, does not matter) gives the group's 32 unscaled bf16
-// weights, even elements in the low words and odd in the high. Pair 1's codes come up by a 4-bit
-// word shift, pairs 2 and 3's by loading the quad again one byte on (and a shift): the vector
-// units bound the one-token tile, the load ports do not. Each token's pair is a 32-bit
-// broadcast from its row. A block's 16
+// weights, even elements in the low words and odd in the high. Each next pair's codes come up by a
+// 4-bit word shift, but in the one-token tile, which the vector units bound, pairs 2 and 3's
+// come from loading the quad again one byte on (LoadQuadHighBytes). Each token's pair is a
+// 32-bit broadcast from its row. A block's 16
 // pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to the
 // accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
 // horizontal sum, no table per scale, no copy of the tokens. f32 tokens on AVX3: tiles of 1-4
@@ -208,9 +208,12 @@ HWY_INLINE void LoadQuadCodes(const uint8_t* codes, int64_t group_codes, int64_t
 
 // Quad u's codes of each group loaded one byte on, so that each 16-bit word holds the high byte
 // of the quad's word, with the codes of its pairs 2 and 3 (bits 8-15), in its low byte: a second
-// load from L1 in place of an 8-bit shift on the vector units, which bound DotTile. The byte
-// after the quad is masked out (the word's high byte, which no table index reads), so the load
-// never reaches past the codes.
+// load from L1 in place of an 8-bit shift on the vector units. The byte after the quad is masked
+// out (the word's high byte, which no table index reads), so the load never reaches past the
+// codes. Only the one-token tile takes it: its vector units bound it (the expert batches of a
+// decode step streamed 1-3% faster for both this and BlockScales<true>), while tiles of 2-4
+// tokens ran their prefill expert batches 0.98-1.00 as fast with it and 1.05-1.10 without
+// (docs/performance.md, "Fewer instructions in the one-token MXFP4 tile").
 template <int NV>
 HWY_INLINE void LoadQuadHighBytes(const uint8_t* codes, int64_t group_codes, int64_t u,
                                   __m512i (&d)[NV]) {
@@ -347,11 +350,11 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
       for (int64_t p = 0; p < kQuadPairs; ++p) {
         const int64_t q = u * kQuadPairs + p;
         if (p == 0) LoadQuadCodes(codes, group_codes, u, d);
-        if (p == 2) LoadQuadHighBytes(codes, group_codes, u, d);
+        if (MR == 1 && p == 2) LoadQuadHighBytes(codes, group_codes, u, d);
         __m512bh w[NV];
         for (int v = 0; v < NV; ++v) {
           w[v] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(d[v], table));
-          if (p % 2 == 0) d[v] = _mm512_srli_epi16(d[v], 4);
+          if (MR > 1 || p % 2 == 0) d[v] = _mm512_srli_epi16(d[v], 4);
         }
         for (int m = 0; m < MR; ++m) {
           int32_t pair;
