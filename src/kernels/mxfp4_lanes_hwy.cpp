@@ -7,13 +7,12 @@
 // weights, even elements in the low words and odd in the high. Each next pair's codes come up by a
 // 4-bit word shift, but in the one-token tile, which the vector units bound, pairs 2 and 3's
 // come from loading the quad again one byte on (LoadQuadHighBytes). Each token's pair is a
-// 32-bit broadcast from its row. A block's 16
-// pairs accumulate into MR x NV block sums from zero, which one FMA each then adds to the
-// accumulators times the block's scales (the E8M0 bytes shifted into f32 exponents). No
-// horizontal sum, no table per scale, no copy of the tokens. f32 tokens on AVX3: tiles of 1-4
-// tokens x 6-2 groups in f32, the same order with fused multiply-adds, a pair's even and odd
-// weights two vpermps from a 16-entry table. Other targets run the same order in f32 (generic
-// tiles, which decode E2M1 arithmetically).
+// 32-bit broadcast from its row. A block's 16 pairs accumulate into MR x NV block sums from zero,
+// which one FMA each then adds to the accumulators times the block's scales (the E8M0 bytes
+// shifted into f32 exponents). No horizontal sum, no table per scale, no copy of the tokens. f32
+// tokens on AVX3: tiles of 1-4 tokens x 6-2 groups in f32, the same order with fused
+// multiply-adds, a pair's even and odd weights two vpermps from a 16-entry table. Other targets
+// run the same order in f32 (generic tiles, which decode E2M1 arithmetically).
 //
 // Blocking: tokens in blocks of about 512 KiB of token rows (L2); per block, each token tile walks
 // the call's groups front to back, and the first tile's reads are prefetched a tile of groups
@@ -154,7 +153,7 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
 #if HWY_TARGET == HWY_AVX3
 // The group's 16 rows' scales of one block as f32 factors (E8m0Bits). kNormal: the caller knows
 // that no byte is 0 or 255 (NormalScales), so each factor is the byte shifted into the f32
-// exponent field: two instructions instead of six, of the ~51 a group's block costs a
+// exponent field: two instructions instead of six, of about 50 a group's block costs a
 // one-token tile.
 template <bool kNormal>
 HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
@@ -211,7 +210,7 @@ HWY_INLINE void LoadQuadCodes(const uint8_t* codes, int64_t group_codes, int64_t
 // load from L1 in place of an 8-bit shift on the vector units. The byte after the quad is masked
 // out (the word's high byte, which no table index reads), so the load never reaches past the
 // codes. Only the one-token tile takes it: its vector units bound it (the expert batches of a
-// decode step streamed 1-3% faster for both this and BlockScales<true>), while tiles of 2-4
+// decode step streamed 0.7-3.1% faster for both this and BlockScales<true>), while tiles of 2-4
 // tokens ran their prefill expert batches 0.98-1.00 as fast with it and 1.05-1.10 without
 // (docs/performance.md, "Fewer instructions in the one-token MXFP4 tile").
 template <int NV>
