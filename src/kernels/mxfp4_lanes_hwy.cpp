@@ -447,9 +447,14 @@ void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_
                     const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
                     int64_t ldy) {
   TilePath path = TilePath::kGeneric;
+  bool normal = false;  // no scale byte of the rows is 0 or 255: only the AVX3 tiles read it
 #if HWY_TARGET == HWY_AVX3
   if (xh != nullptr && cpu_info().avx512bf16) path = TilePath::kDot;
   if (xh == nullptr) path = TilePath::kF32;
+  if (path != TilePath::kGeneric) {
+    const int64_t group_scales = K / kMxfp4BlockSize * kRows;
+    normal = NormalScales(scales + row0 / kRows * group_scales, rows / kRows * group_scales);
+  }
 #endif
   const Tokens x{xh, xh != nullptr ? nullptr : xf, K};
   const int64_t most = path == TilePath::kDot   ? kMaxDotTokens
@@ -458,11 +463,6 @@ void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_
   const int64_t row_bytes = K * (xh != nullptr ? 2 : 4);
   int64_t tb = std::max<int64_t>(most, (512 << 10) / std::max<int64_t>(row_bytes, 1));
   tb = tb / most * most;
-  bool normal = false;
-#if HWY_TARGET == HWY_AVX3
-  const int64_t group_scales = K / kMxfp4BlockSize * kRows;
-  normal = NormalScales(scales + row0 / kRows * group_scales, rows / kRows * group_scales);
-#endif
   for (int64_t t0 = 0; t0 < T; t0 += tb) {
     const int64_t tn = std::min(tb, T - t0);
     ForEachTokenTile(tn, most, [&](int64_t t, int64_t mr) {
