@@ -81,6 +81,7 @@ struct Mxfp4Pool {
   int64_t N, K;
   Layout layout;
   AlignedBuffer codes, scales;
+  std::vector<bool> normal;  // lanes: matrix m's normal_scales
   Mxfp4Pool(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scale, int64_t n,
             int64_t k, Layout l)
       : N(n),
@@ -97,6 +98,7 @@ struct Mxfp4Pool {
       for (int64_t m = 0; m < count; ++m) {
         pack_mxfp4_lane_codes_in_place(c + m * pb, N, K);
         pack_mxfp4_lane_scales_in_place(s + m * ps, N, K);
+        normal.push_back(mxfp4_scales_normal(s + m * ps, ps));  // as the loader checks them
       }
   }
   MatmulJob job(int64_t m, const float* x, const bf16* xh, int64_t T, float* y) const {
@@ -104,6 +106,7 @@ struct Mxfp4Pool {
     const auto* s = reinterpret_cast<const uint8_t*>(scales.get());
     MatmulJob j = mxfp4_job(x, T, c + m * (N * K / 2), s + m * (N * K / 32), N, K, y, layout);
     j.xh = xh;
+    j.normal_scales = layout == Layout::kMxfp4Lanes && normal[static_cast<size_t>(m)];
     return j;
   }
 };

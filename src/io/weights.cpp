@@ -584,6 +584,9 @@ ExpertMatrix bind_expert_matrix(Binder& b, const ModelConfig& c, const std::stri
     m.scale = b.bind_split(p + ".weight_scale", Kind::kU8, {rows, cols / kMxfp4BlockSize},
                            dims({{rows_name, rows}, {cols_name, cols}}) + ", one E8M0 scale per 32",
                            rows, 1, Mxfp4Part::kScales);
+    m.normal_scales =
+        m.scale.layout == Layout::kMxfp4Lanes &&
+        mxfp4_scales_normal(m.scale.as<uint8_t>(), static_cast<int64_t>(m.scale.nbytes));
   } else {
     m.dense = b.bind_projection(p + ".weight", {rows, cols},
                                 dims({{rows_name, rows}, {cols_name, cols}}), rows, 1);

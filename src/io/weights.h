@@ -68,6 +68,9 @@ struct ExpertMatrix {
   TensorView packed;  // mxfp4
   TensorView scale;   // mxfp4
   Matrix dense;       // !mxfp4
+  // mxfp4 in the lane layout (read into memory) with no scale byte 0 or 255
+  // (mxfp4_scales_normal), checked once as it is loaded: its jobs' normal_scales.
+  bool normal_scales = false;
 };
 
 struct KdaWeights {

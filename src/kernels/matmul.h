@@ -85,6 +85,9 @@ struct MatmulJob {
   // Round each output to the nearest bf16 value (round_bf16, kept in f32), done by the thread
   // that computed it right after its rows (a bf16 nn.Linear output).
   bool round_bf16 = false;
+  // kMxfp4Lanes: no scale byte of W is 0 or 255 (ExpertMatrix::normal_scales), so the kernels
+  // skip those bytes' special cases (mxfp4_lanes_rows). Same bits; false is always correct.
+  bool normal_scales = false;
 };
 
 // A job over a dense BF16/F32 matrix W [N, K] (a torch Linear weight, row-major or lane-packed),

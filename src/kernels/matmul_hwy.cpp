@@ -573,7 +573,7 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
     }
     case WeightKind::kMxfp4Lanes: {
       mxfp4_lanes_rows(j.xh, j.x, T, static_cast<const uint8_t*>(j.w), j.scale, N, K, row_begin,
-                       row_end - row_begin, y + row_begin, ldy);
+                       row_end - row_begin, y + row_begin, ldy, j.normal_scales);
       break;
     }
     case WeightKind::kBF16Lanes: {

@@ -26,10 +26,13 @@ namespace attnres {
 
 // y [T, rows] (row stride ldy) = x W^T for rows [row0, row0 + rows) of the MXFP4 W [N, K] in
 // the lane layout (codes, scales): writes y[t][n - row0]. row0 and rows are multiples of 16.
-// Tokens: xh (bf16) when given, else x (f32). Runs on the calling thread.
+// Tokens: xh (bf16) when given, else x (f32). normal_scales: the caller knows that no scale
+// byte of the rows is 0 or 255 (mxfp4_scales_normal, found once where the weights are loaded),
+// so the tiles take each block's factor without the special cases; false is always correct.
+// The bits are the same either way. Runs on the calling thread.
 void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
-                      float* y, int64_t ldy);
+                      float* y, int64_t ldy, bool normal_scales);
 
 // The same products with W in row-major codes [N, K/2] and scales [N, K/32] (any N, any row
 // range; K % 32 == 0), as a memory mapping or a shape off the 16-row groups holds them: each

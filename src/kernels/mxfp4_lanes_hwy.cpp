@@ -151,10 +151,9 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
 }
 
 #if HWY_TARGET == HWY_AVX3
-// The group's 16 rows' scales of one block as f32 factors (E8m0Bits). kNormal: the caller knows
-// that no byte is 0 or 255 (NormalScales), so each factor is the byte shifted into the f32
-// exponent field: two instructions instead of six, of about 50 a group's block costs a
-// one-token tile.
+// The group's 16 rows' scales of one block as f32 factors (E8m0Bits). kNormal: no byte is 0 or
+// 255 (mxfp4_scales_normal), so each factor is the byte shifted into the f32 exponent field: two
+// instructions instead of six, of about 50 a group's block costs a one-token tile.
 template <bool kNormal>
 HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
   const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -164,8 +163,8 @@ HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
   return hn::BitCast(df, E8m0Bits(du, hn::VFromD<decltype(du)>{e})).raw;
 }
 
-// Whether none of the n E8M0 bytes at p is 0 (2^-127, a subnormal factor) or 255 (NaN), so that
-// BlockScales<true> gives every factor: the bytes' minimum and maximum, 64 at a time.
+// mxfp4_scales_normal(p, n) in vectors, for the row-major path's packed chunks: the bytes'
+// minimum and maximum, 64 at a time.
 HWY_INLINE bool NormalScales(const uint8_t* HWY_RESTRICT p, int64_t n) {
   __m512i lo = _mm512_set1_epi8(1), hi = _mm512_setzero_si512();
   for (int64_t i = 0; i < n; i += 64) {
@@ -403,7 +402,7 @@ HWY_INLINE void WithFlags(bool a, bool b, const Fn& fn) {
 
 // Rows [row0, row0 + rows) (whole groups) for the MR tokens from t; y is token t's output of
 // row row0. `first`: this is the first token tile over the rows in this call; `normal`: no
-// scale byte of the rows is 0 or 255 (NormalScales).
+// scale byte of the rows is 0 or 255 (mxfp4_scales_normal).
 template <int MR>
 void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
                int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first,
@@ -443,18 +442,15 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
                      });
 }
 
+// `normal`: no scale byte of the rows is 0 or 255 (mxfp4_lanes_rows); only the AVX3 tiles read
+// it.
 void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
                     const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
-                    int64_t ldy) {
+                    int64_t ldy, bool normal) {
   TilePath path = TilePath::kGeneric;
-  bool normal = false;  // no scale byte of the rows is 0 or 255: only the AVX3 tiles read it
 #if HWY_TARGET == HWY_AVX3
   if (xh != nullptr && cpu_info().avx512bf16) path = TilePath::kDot;
   if (xh == nullptr) path = TilePath::kF32;
-  if (path != TilePath::kGeneric) {
-    const int64_t group_scales = K / kMxfp4BlockSize * kRows;
-    normal = NormalScales(scales + row0 / kRows * group_scales, rows / kRows * group_scales);
-  }
 #endif
   const Tokens x{xh, xh != nullptr ? nullptr : xf, K};
   const int64_t most = path == TilePath::kDot   ? kMaxDotTokens
@@ -593,7 +589,9 @@ void PackGroup(const uint8_t* codes, const uint8_t* scales, int64_t K, int64_t n
 // Rows [row0, row0 + rows) of row-major codes and scales: up to 128 rows at a time packed into
 // the calling thread's buffer (PackGroup), then the same token tiles as Mxfp4LanesRows over
 // them; a ragged last group's outputs go through a buffer of their own, of which only the rows
-// that exist are copied out.
+// that exist are copied out. A chunk's packed scales, just written and so in L1, are checked
+// for bytes 0 and 255 there (a mapped matrix was never read whole at load, where the lane
+// layout's are).
 void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
                             const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
                             int64_t ldy) {
@@ -610,11 +608,15 @@ void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, cons
     for (int64_t g = 0; g < padded; g += kRows)
       PackGroup(codes + (c0 + g) * pairs, scales + (c0 + g) * blocks, K, std::min(kRows, n - g),
                 pc + g * pairs, ps + g * blocks);
+    bool normal = false;
+#if HWY_TARGET == HWY_AVX3
+    normal = NormalScales(ps, padded * blocks);
+#endif
     float* yc = y + (c0 - row0);
-    if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy);
+    if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy, normal);
     if (padded > whole) {  // the ragged group: 16 outputs per token, n - whole of them kept
       ragged.resize(static_cast<size_t>(T * kRows));
-      Mxfp4LanesRows(xh, xf, T, pc, ps, K, whole, kRows, ragged.data(), kRows);
+      Mxfp4LanesRows(xh, xf, T, pc, ps, K, whole, kRows, ragged.data(), kRows, normal);
       for (int64_t t = 0; t < T; ++t)
         std::memcpy(yc + t * ldy + whole, ragged.data() + t * kRows,
                     static_cast<size_t>(n - whole) * sizeof(float));
@@ -634,13 +636,16 @@ HWY_EXPORT(Mxfp4LanesRowsRowMajor);
 
 void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
-                      float* y, int64_t ldy) {
+                      float* y, int64_t ldy, bool normal_scales) {
   assert(mxfp4_lanes_fit(N, K) && row0 % kMxfp4LaneRows == 0 && rows % kMxfp4LaneRows == 0 &&
          row0 >= 0 && rows >= 0 && row0 + rows <= N);
+  assert(!normal_scales ||
+         mxfp4_scales_normal(scales + row0 * (K / kMxfp4BlockSize), rows * (K / kMxfp4BlockSize)));
   (void)N;
   if (T <= 0 || rows <= 0) return;
   HWY_DYNAMIC_DISPATCH(Mxfp4LanesRows)
-  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy);
+  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy,
+   normal_scales);
 }
 
 void mxfp4_lanes_rows_row_major(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,

@@ -192,9 +192,11 @@ void project(const Proj& pj, const float* x, int64_t T, const Matrix& W, float* 
 
 MatmulJob expert_job(const float* x, int64_t T, const ExpertMatrix& m, float* y) {
   assert(!m.mxfp4 || m.packed.layout == m.scale.layout);
-  return m.mxfp4 ? mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y,
-                             m.packed.layout)
-                 : dense_job(x, T, m.dense, y);
+  if (!m.mxfp4) return dense_job(x, T, m.dense, y);
+  MatmulJob j = mxfp4_job(x, T, m.packed.as<uint8_t>(), m.scale.as<uint8_t>(), m.rows, m.cols, y,
+                          m.packed.layout);
+  j.normal_scales = m.normal_scales;
+  return j;
 }
 
 const float* widen(const TensorView& t, Arena& arena) {

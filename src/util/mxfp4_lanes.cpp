@@ -1,5 +1,6 @@
 #include "util/mxfp4_lanes.h"
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 #include <cstring>
@@ -79,6 +80,17 @@ void pack_mxfp4_lane_scales(const uint8_t* in, int64_t N, int64_t K, uint8_t* ou
   const int64_t C = K / kMxfp4BlockSize;
   for_each_group(in, N, C, out,
                  [&](const uint8_t* src, uint8_t* dst) { pack_scale_group(src, C, dst); });
+}
+
+bool mxfp4_scales_normal(const uint8_t* scales, int64_t n) {
+  // The bytes' minimum and maximum, without an early exit, so that the compiler vectorises the
+  // loop: a model's scales are checked once at load.
+  uint8_t lo = 1, hi = 254;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, scales[i]);
+    hi = std::max(hi, scales[i]);
+  }
+  return lo != 0 && hi != 255;
 }
 
 void pack_mxfp4_lane_scales_in_place(uint8_t* scales, int64_t N, int64_t K) {

@@ -59,6 +59,12 @@ inline float mxfp4_lanes_get(const uint8_t* codes, const uint8_t* scales, int64_
          e8m0_to_f32(scales[mxfp4_lanes_scale(n, k / kMxfp4BlockSize, K)]);
 }
 
+// Whether none of the n E8M0 scale bytes is 0 (2^-127, a subnormal factor) or 255 (NaN). Then
+// every block's factor is its byte shifted into an f32 exponent field, and the kernels may skip
+// the special cases (mxfp4_lanes_rows' normal_scales). The bytes' order does not matter, so it
+// holds for scales in either layout, and for any rows of a matrix for which it holds.
+bool mxfp4_scales_normal(const uint8_t* scales, int64_t n);
+
 // Row-major codes [N, K/2] (low nibble = the even element) -> the codes' layout above, and
 // row-major scales [N, K/32] -> the scales' layout. Each group of 16 rows keeps the bytes it
 // had, so both can run in place, one group at a time. mxfp4_lanes_fit(N, K) must hold.

@@ -75,6 +75,27 @@ TEST(Weights, TinyAShapesFollowTheConfig) {
   }
   auto f = SafetensorsFile::open(golden_dir("tiny-a") + "/model.safetensors");
   ASSERT_TRUE(f.is_ok());
+  // normal_scales: none of the matrix's scale bytes, as the file holds them, is 0 or 255 (none
+  // of tiny-a's is; ExpertScaleBytesZeroAnd255AreNotNormal has some); a mapped matrix, never
+  // read whole, claims nothing.
+  auto mapped = load_model(golden_dir("tiny-a"), {}, WeightResidence::kMapped);
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+  int normal = 0;
+  for (size_t e = 0; e < l3.moe->experts.size(); ++e)
+    for (const char* which : {"w1", "w2", "w3"}) {
+      const std::string name = std::string(kLm) + "layers.3.block_sparse_moe.experts." +
+                               std::to_string(e) + "." + which + ".weight_scale";
+      const TensorView file_scales = (*f)->tensor(name).value();
+      const bool want =
+          mxfp4_scales_normal(file_scales.as<uint8_t>(), static_cast<int64_t>(file_scales.nbytes));
+      const ExpertWeights& ew = l3.moe->experts[e];
+      const ExpertMatrix& m = which[1] == '1' ? ew.w1 : which[1] == '2' ? ew.w2 : ew.w3;
+      EXPECT_EQ(m.normal_scales, want) << name;
+      normal += want ? 1 : 0;
+      const ExpertWeights& me = mapped->layers[3].moe->experts[e];
+      EXPECT_FALSE((which[1] == '1' ? me.w1 : which[1] == '2' ? me.w2 : me.w3).normal_scales);
+    }
+  EXPECT_GT(normal, 0);
   const std::string w2 = std::string(kLm) + "layers.3.block_sparse_moe.experts.15.w2.";
   const TensorView codes = (*f)->tensor(w2 + "weight_packed").value();
   const TensorView scales = (*f)->tensor(w2 + "weight_scale").value();
@@ -136,6 +157,32 @@ TEST(Weights, ALogAcceptsPlainAndLegacyShapes) {
     ASSERT_TRUE(g.is_ok());
     EXPECT_EQ(w->layers[0].kda->a_log, g->layers[0].kda->a_log);
   }
+}
+
+// An expert matrix with a scale byte 0 (2^-127) or 255 (NaN) is loaded with normal_scales false,
+// so its kernels keep those bytes' special cases; the other matrices are normal.
+TEST(Weights, ExpertScaleBytesZeroAnd255AreNotNormal) {
+  TempDir dir;
+  fs::copy_file(golden_dir("tiny-a") + "/config.json", dir.file("config.json"));
+  RawSafetensors r = RawSafetensors::load(golden_dir("tiny-a") + "/model.safetensors");
+  const std::string e = std::string(kLm) + "layers.3.block_sparse_moe.experts.";
+  const auto set_byte = [&](const std::string& name, int64_t at, char b) {
+    const int64_t begin = r.header.at(name).at("data_offsets")[0].get<int64_t>();
+    r.data[static_cast<size_t>(begin + at)] = b;
+  };
+  set_byte(e + "5.w2.weight_scale", 77, '\x00');
+  set_byte(e + "6.w3.weight_scale", 0, '\xff');
+  r.save(dir.file("model.safetensors"));
+  auto w = load_model(dir.path());
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const std::vector<ExpertWeights>& x = w->layers[3].moe->experts;
+  EXPECT_FALSE(x[5].w2.normal_scales);
+  EXPECT_FALSE(x[6].w3.normal_scales);
+  EXPECT_TRUE(x[5].w1.normal_scales);
+  EXPECT_TRUE(x[5].w3.normal_scales);
+  EXPECT_TRUE(x[6].w1.normal_scales);
+  EXPECT_TRUE(x[6].w2.normal_scales);
+  EXPECT_TRUE(x[7].w2.normal_scales);
 }
 
 // A config without attn_res_block_size is a plain residual model: it needs no res tensors, and

@@ -1,10 +1,10 @@
 // MXFP4 projections over the 16-row lane layout (mxfp4_lanes.h): the packed layout holds every
 // element once; the dispatched kernel gives its scalar twin's bits on every Highway target this
 // CPU supports, for every tile size and row range, with bf16 tokens (and with f32 tokens on
-// targets with FMA), scale bytes 0, 1, 254 and 255 included (row ranges with and without them:
-// the kernel converts scales without their special cases where a range has none); a token alone
-// gives the bits it gets
-// among others; and the result agrees with an f64 evaluation within the rounding bound.
+// targets with FMA), scale bytes 0, 1, 254 and 255 included (row ranges with and without them,
+// and a range without them run both as the loader claims it, normal_scales, and without the
+// claim); the claim holds unless a byte is 0 or 255; a token alone gives the bits it gets among
+// others; and the result agrees with an f64 evaluation within the rounding bound.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -29,6 +29,7 @@ struct LaneMatrix {
   int64_t N, K;
   std::vector<uint8_t> codes, scales;  // row-major
   std::vector<uint8_t> lane_codes, lane_scales;
+  bool normal = false;  // no scale byte 0 or 255: the loader's normal_scales
   LaneMatrix(int64_t n, int64_t k, uint32_t seed, bool edge_scales) : N(n), K(k) {
     std::mt19937 rng(seed);
     std::uniform_int_distribution<int> byte(0, 255), sc(118, 130);
@@ -46,6 +47,7 @@ struct LaneMatrix {
     lane_codes.resize(codes.size());
     lane_scales.resize(scales.size());
     pack_mxfp4_lanes(codes.data(), scales.data(), N, K, lane_codes.data(), lane_scales.data());
+    normal = mxfp4_scales_normal(lane_scales.data(), static_cast<int64_t>(lane_scales.size()));
   }
 };
 
@@ -123,20 +125,47 @@ TEST(Mxfp4Lanes, KernelGivesTheTwinsBits) {
           if (!bf16_tokens && !fma) continue;
           SCOPED_TRACE("T " + std::to_string(T) + (bf16_tokens ? " bf16" : " f32") + " tokens");
           const bf16* xh = bf16_tokens ? x.xh.data() : nullptr;
-          // Every row, then the rows from the second group on (a call's row range).
+          // Every row, then the rows from the second group on (a call's row range: with the
+          // edge scales, the first range has bytes 0 and 255 and the second none).
           for (const int64_t row0 : {int64_t{0}, int64_t{16}}) {
             if (row0 >= N) continue;
-            const int64_t rows = N - row0, ldy = N + 3;
-            std::vector<float> got(T * ldy, -1.0f), want(T * ldy, -1.0f);
-            mxfp4_lanes_rows(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
-                             row0, rows, got.data(), ldy);
+            const int64_t rows = N - row0, ldy = N + 3, blocks = K / kMxfp4BlockSize;
+            const bool normal =
+                mxfp4_scales_normal(m.lane_scales.data() + row0 * blocks, rows * blocks);
+            std::vector<float> want(T * ldy, -1.0f);
             mxfp4_lanes_ref(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
                             row0, rows, want.data(), ldy);
-            expect_same(got, want, "row0 " + std::to_string(row0));
+            for (const bool claim : {false, true}) {
+              if (claim && !normal) continue;
+              std::vector<float> got(T * ldy, -1.0f);
+              mxfp4_lanes_rows(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+                               row0, rows, got.data(), ldy, claim);
+              expect_same(got, want,
+                          "row0 " + std::to_string(row0) + (claim ? " normal_scales" : ""));
+            }
           }
         }
       }
     });
+  }
+}
+
+TEST(Mxfp4Lanes, ScalesAreNormalUnlessAByteIsZeroOr255) {
+  // Every length up to a few vectors' worth, every position of the odd byte.
+  for (int64_t n = 0; n <= 80; ++n) {
+    std::vector<uint8_t> s(static_cast<size_t>(n), 127);
+    EXPECT_TRUE(mxfp4_scales_normal(s.data(), n)) << n;
+    for (int64_t i = 0; i < n; ++i) {
+      for (const uint8_t b : {uint8_t{0}, uint8_t{255}}) {
+        s[static_cast<size_t>(i)] = b;
+        EXPECT_FALSE(mxfp4_scales_normal(s.data(), n)) << n << " " << i << " " << int{b};
+      }
+      for (const uint8_t b : {uint8_t{1}, uint8_t{254}}) {
+        s[static_cast<size_t>(i)] = b;
+        EXPECT_TRUE(mxfp4_scales_normal(s.data(), n)) << n << " " << i << " " << int{b};
+      }
+      s[static_cast<size_t>(i)] = 127;
+    }
   }
 }
 
@@ -146,11 +175,11 @@ TEST(Mxfp4Lanes, ATokenAloneGetsTheBitsItGetsAmongOthers) {
   const TokenRows x(T, K, 5);
   std::vector<float> all(T * N);
   mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
-                   all.data(), N);
+                   all.data(), N, m.normal);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> one(N), among(all.begin() + t * N, all.begin() + (t + 1) * N);
     mxfp4_lanes_rows(x.xh.data() + t * K, nullptr, 1, m.lane_codes.data(), m.lane_scales.data(), N,
-                     K, 0, N, one.data(), N);
+                     K, 0, N, one.data(), N, m.normal);
     expect_same(one, among, "token " + std::to_string(t));
   }
 }
@@ -213,33 +242,42 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
 
 // MXFP4 jobs (matmul.h) over the same matrix in the lane layout (kMxfp4Lanes, as the loader
 // stores it) and row-major (kMxfp4, as a memory mapping holds it), with bf16 or f32 tokens, in
-// one batch with a slice of the rows, at 1, 2 and 3 threads: all give the twin's bits, so where a
-// model's experts reside never changes a logit, nor does the thread count.
+// one batch with a slice of the rows and a matrix without scale bytes 0 and 255 whose job claims
+// so (normal_scales, as the loader's jobs do), at 1, 2 and 3 threads: all give the twin's bits,
+// so where a model's experts reside never changes a logit, nor does the thread count.
 TEST(Mxfp4Lanes, JobsInEitherLayoutGiveTheTwinsBits) {
   const int saved = parallel_threads();
   for (const auto& [N, K] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {304, 512}}) {
-    const LaneMatrix m(N, K, 11, true);
+    const LaneMatrix m(N, K, 11, true), plain(N, K, 13, false);
+    ASSERT_FALSE(m.normal);
+    ASSERT_TRUE(plain.normal);
     for (const int64_t T : {1, 3, 8, 9}) {
       SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K) + " T " +
                    std::to_string(T));
       const TokenRows x(T, K, 12);
-      std::vector<float> want(T * N);
+      std::vector<float> want(T * N), want_plain(T * N);
       mxfp4_lanes_ref(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0,
                       N, want.data(), N);
+      mxfp4_lanes_ref(x.xh.data(), nullptr, T, plain.lane_codes.data(), plain.lane_scales.data(), N,
+                      K, 0, N, want_plain.data(), N);
       for (const int threads : {1, 2, 3}) {
         set_parallel_threads(threads);
         for (const bool bf16_tokens : {true, false}) {
-          std::vector<float> lanes(T * N, -1.0f), rows(T * N, -1.0f), part(T * 16, -1.0f);
+          std::vector<float> lanes(T * N, -1.0f), rows(T * N, -1.0f), part(T * 16, -1.0f),
+              normal(T * N, -1.0f);
           MatmulJob jobs[] = {
               mxfp4_job(x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
                         lanes.data(), Layout::kMxfp4Lanes),
               mxfp4_job(x.x.data(), T, m.codes.data(), m.scales.data(), N, K, rows.data()),
               // rows [N - 16, N) of the row-major matrix: a job over a slice of rows
               mxfp4_job(x.x.data(), T, m.codes.data() + (N - 16) * (K / 2),
-                        m.scales.data() + (N - 16) * (K / kMxfp4BlockSize), 16, K, part.data())};
+                        m.scales.data() + (N - 16) * (K / kMxfp4BlockSize), 16, K, part.data()),
+              mxfp4_job(x.x.data(), T, plain.lane_codes.data(), plain.lane_scales.data(), N, K,
+                        normal.data(), Layout::kMxfp4Lanes)};
+          jobs[3].normal_scales = true;
           if (bf16_tokens)
             for (MatmulJob& j : jobs) j.xh = x.xh.data();
-          matmul_batch(jobs, 3);
+          matmul_batch(jobs, 4);
           const std::string what =
               std::to_string(threads) + " threads, " + (bf16_tokens ? "bf16" : "f32") + " tokens";
           expect_same(lanes, want, "lanes, " + what);
@@ -248,6 +286,7 @@ TEST(Mxfp4Lanes, JobsInEitherLayoutGiveTheTwinsBits) {
           for (int64_t t = 0; t < T; ++t)
             for (int64_t n = N - 16; n < N; ++n) want_part.push_back(want[t * N + n]);
           expect_same(part, want_part, "slice, " + what);
+          expect_same(normal, want_plain, "normal_scales, " + what);
         }
       }
     }
@@ -261,7 +300,7 @@ TEST(Mxfp4Lanes, WithinTheRoundingBoundOfAnF64Evaluation) {
   const TokenRows x(T, K, 7);
   std::vector<float> y(T * N);
   mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
-                   y.data(), N);
+                   y.data(), N, m.normal);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) {
       double exact = 0.0, magnitude = 0.0;
