@@ -568,26 +568,39 @@ void ComputeJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
     }
     case WeightKind::kMxfp4: {
       mxfp4_lanes_rows_row_major(j.xh, j.x, T, static_cast<const uint8_t*>(j.w), j.scale, N, K,
-                                 row_begin, row_end - row_begin, y + row_begin, ldy);
+                                 row_begin, row_end - row_begin, y + row_begin, ldy, j.round_bf16);
       break;
     }
     case WeightKind::kMxfp4Lanes: {
       mxfp4_lanes_rows(j.xh, j.x, T, static_cast<const uint8_t*>(j.w), j.scale, N, K, row_begin,
-                       row_end - row_begin, y + row_begin, ldy, j.normal_scales);
+                       row_end - row_begin, y + row_begin, ldy,
+                       {.normal_scales = j.normal_scales, .round_bf16 = j.round_bf16});
       break;
     }
     case WeightKind::kBF16Lanes: {
       matmul_lanes_rows(j.xh, j.x, T, static_cast<const bf16*>(j.w), N, K, row_begin,
-                        row_end - row_begin, y + row_begin, ldy);
+                        row_end - row_begin, y + row_begin, ldy, j.round_bf16);
       break;
     }
   }
 }
 
-// ComputeJobRows, then the rows' outputs rounded to bf16 when the job asks (while they are hot).
+// Whether ComputeJobRows rounds a job's outputs itself when it asks (round_bf16): the lane
+// kernels and MXFP4 round each tile's outputs as they store them, which saves a pass over the
+// outputs (prefill's dense and expert batches ran 1-3% faster; docs/performance.md, "bf16
+// rounding in the tiles' stores"); the row-major F32 and BF16 tiles do not, so RunJobRows
+// rounds theirs after them.
+bool RoundsInTiles(WeightKind kind) {
+  return kind == WeightKind::kBF16Lanes || kind == WeightKind::kMxfp4Lanes ||
+         kind == WeightKind::kMxfp4;
+}
+
+// ComputeJobRows, then the rows' outputs rounded to bf16 when the job asks and its tiles did not
+// (while the outputs are hot).
 void RunJobRows(const MatmulJob& j, int64_t row_begin, int64_t row_end) {
   ComputeJobRows(j, row_begin, row_end);
-  if (j.round_bf16) RoundOutputs(j.y, j.ldy > 0 ? j.ldy : j.N, j.T, row_begin, row_end);
+  if (j.round_bf16 && !RoundsInTiles(j.kind))
+    RoundOutputs(j.y, j.ldy > 0 ? j.ldy : j.N, j.T, row_begin, row_end);
 }
 
 // Runs the work units whose cumulative cost starts in [lo, hi) (see MatmulBatch).

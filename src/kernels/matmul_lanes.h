@@ -35,9 +35,12 @@ void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, 
 void matmul_lanes(const float* x, int64_t T, const bf16* packed, int64_t N, int64_t K, int64_t row0,
                   int64_t rows, float* y, int64_t ldy);
 // The same on the calling thread only, for a batch's work unit: xh (bf16) when the job has it,
-// else x (f32); row0 a multiple of 64.
+// else x (f32); row0 a multiple of 64. round_bf16: each output is rounded to the nearest bf16
+// value (round_bf16, kept in f32) as its tile stores it (a bf16 nn.Linear output), the bits of
+// the unrounded call's outputs through round_bf16.
 void matmul_lanes_rows(const bf16* xh, const float* x, int64_t T, const bf16* packed, int64_t N,
-                       int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy);
+                       int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy,
+                       bool round_bf16);
 
 // One pair's step in a lane, as the scalar twins (and mxfp4_lanes_ref) take it: a fused
 // multiply-add of the odd element, then of the even one.

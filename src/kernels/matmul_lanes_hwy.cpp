@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/bf16_hwy-inl.h"
 #include "kernels/count_hwy-inl.h"
 #include "kernels/matmul_lanes.h"
 #include "util/cpu.h"
@@ -40,9 +41,11 @@ constexpr int kMaxTileTokens = 6;
 // (GenericVectors), whose 2 weight loads and 8 broadcasts per pair feed 16 FMAs.
 constexpr int kGenericTileTokens = HWY_MAX_BYTES >= 64 ? kMaxTileTokens : 4;
 
-// Lanes [lo, hi) of a group (0 <= lo < hi <= its rows) are the rows a call writes.
+// Lanes [lo, hi) of a group (0 <= lo < hi <= its rows) are the rows a call writes; `round`: each
+// is rounded to bf16 (round_bf16, kept in f32) as it is stored.
 struct LaneSpan {
   int64_t lo, hi;
+  bool round;
 };
 
 // The tokens of a call: bf16 (xh) or f32 (xf) rows of K values.
@@ -113,7 +116,7 @@ HWY_INLINE void GenericTile(const X& x, int64_t t, const uint16_t* HWY_RESTRICT 
     const int64_t first = v0 + v * L;
     const int64_t lo = std::max(first, span.lo), hi = std::min(first + L, span.hi);
     for (int m = 0; m < MR; ++m) {
-      hn::Store(acc[m][v], df, out);
+      hn::Store(span.round ? CastT<bf16>(df, acc[m][v]) : acc[m][v], df, out);
       for (int64_t j = lo; j < hi; ++j) y[m * ldy + j] = out[j - first];
     }
   }
@@ -176,7 +179,9 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotLanesTile(const uint16_t* HWY_RESTRICT x, 
     if (lo >= hi) continue;
     const __mmask16 keep =
         static_cast<__mmask16>(((1u << (hi - 16 * v)) - 1) & ~((1u << (lo - 16 * v)) - 1));
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * v, keep, acc[m][v]);
+    for (int m = 0; m < MR; ++m)
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * v, keep,
+                            span.round ? CastT<bf16>(DF(), VF{acc[m][v]}).raw : acc[m][v]);
   }
 }
 #undef ATTNRES_BF16_DOT
@@ -206,10 +211,11 @@ HWY_INLINE void GroupTile(int64_t mr, const Tokens& x, int64_t t, const uint16_t
 }
 
 // Groups [g_begin, g_end) of the packed matrix, limited to rows [row0, row0 + rows); y is the
-// output of row row0. vdpbf16ps when the tokens are bf16 and the CPU has it.
+// output of row row0, rounded to bf16 as it is stored when `round`. vdpbf16ps when the tokens
+// are bf16 and the CPU has it.
 void LanesGroups(const uint16_t* xh, const float* xf, int64_t T, const uint16_t* packed, int64_t N,
                  int64_t K, int64_t row0, int64_t rows, int64_t g_begin, int64_t g_end, float* y,
-                 int64_t ldy) {
+                 int64_t ldy, bool round) {
   bool dot = false;
 #if HWY_TARGET == HWY_AVX3
   dot = xh != nullptr && cpu_info().avx512bf16;
@@ -222,7 +228,7 @@ void LanesGroups(const uint16_t* xh, const float* xf, int64_t T, const uint16_t*
     for (int64_t g = g_begin; g < g_end; ++g) {
       const int64_t first = g * kGroup;  // the group's row 0
       const LaneSpan span{std::max<int64_t>(row0 - first, 0),
-                          std::min<int64_t>(row0 + rows - first, kGroup)};
+                          std::min<int64_t>(row0 + rows - first, kGroup), round};
       const uint16_t* group = packed + first * K;
       const int64_t R = lanes_group_rows(N, g);
       ForEachTokenTile(tn, dot ? kMaxTileTokens : kGenericTileTokens, [&](int64_t t, int64_t mr) {
@@ -246,7 +252,8 @@ namespace {
 // The groups over rows [row0, row0 + rows), split over the threads when the product is large
 // enough (2^18 multiply-adds or 128 KiB of weights, like the other projections).
 void lanes_call(const bf16* xh, const float* xf, int64_t T, const bf16* packed, int64_t N,
-                int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy, bool may_split) {
+                int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy, bool may_split,
+                bool round) {
   assert(K % 2 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= N);
   if (T <= 0 || rows <= 0) return;
   const int64_t g_first = row0 / kLaneGroupRows;
@@ -257,7 +264,7 @@ void lanes_call(const bf16* xh, const float* xf, int64_t T, const bf16* packed, 
   const auto* pu = reinterpret_cast<const uint16_t*>(packed);
   parallel_ranges(g_end - g_first, parallel, [&](int64_t b, int64_t e) {
     HWY_DYNAMIC_DISPATCH(LanesGroups)
-    (xu, xf, T, pu, N, K, row0, rows, g_first + b, g_first + e, y, ldy);
+    (xu, xf, T, pu, N, K, row0, rows, g_first + b, g_first + e, y, ldy, round);
   });
 }
 
@@ -265,18 +272,20 @@ void lanes_call(const bf16* xh, const float* xf, int64_t T, const bf16* packed, 
 
 void matmul_bf16_lanes(const bf16* x, int64_t T, const bf16* packed, int64_t N, int64_t K,
                        int64_t row0, int64_t rows, float* y, int64_t ldy) {
-  lanes_call(x, nullptr, T, packed, N, K, row0, rows, y, ldy, true);
+  lanes_call(x, nullptr, T, packed, N, K, row0, rows, y, ldy, true, false);
 }
 
 void matmul_lanes(const float* x, int64_t T, const bf16* packed, int64_t N, int64_t K, int64_t row0,
                   int64_t rows, float* y, int64_t ldy) {
-  lanes_call(nullptr, x, T, packed, N, K, row0, rows, y, ldy, true);
+  lanes_call(nullptr, x, T, packed, N, K, row0, rows, y, ldy, true, false);
 }
 
 void matmul_lanes_rows(const bf16* xh, const float* x, int64_t T, const bf16* packed, int64_t N,
-                       int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy) {
+                       int64_t K, int64_t row0, int64_t rows, float* y, int64_t ldy,
+                       bool round_bf16) {
   assert(row0 % kLaneGroupRows == 0);
-  lanes_call(xh, xh != nullptr ? nullptr : x, T, packed, N, K, row0, rows, y, ldy, false);
+  lanes_call(xh, xh != nullptr ? nullptr : x, T, packed, N, K, row0, rows, y, ldy, false,
+             round_bf16);
 }
 
 }  // namespace attnres

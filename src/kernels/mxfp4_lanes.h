@@ -24,24 +24,32 @@
 
 namespace attnres {
 
+// What a call may assume about W, and what it does to the outputs besides computing them.
+struct Mxfp4RowsOptions {
+  // No scale byte of the rows is 0 or 255 (mxfp4_scales_normal, found once where the weights
+  // are loaded), so the tiles take each block's factor without the special cases. False is
+  // always correct; the bits are the same either way.
+  bool normal_scales = false;
+  // Each output rounded to the nearest bf16 value (round_bf16, kept in f32) as its tile stores
+  // it (a bf16 nn.Linear output): the unrounded call's bits through round_bf16.
+  bool round_bf16 = false;
+};
+
 // y [T, rows] (row stride ldy) = x W^T for rows [row0, row0 + rows) of the MXFP4 W [N, K] in
 // the lane layout (codes, scales): writes y[t][n - row0]. row0 and rows are multiples of 16.
-// Tokens: xh (bf16) when given, else x (f32). normal_scales: the caller knows that no scale
-// byte of the rows is 0 or 255 (mxfp4_scales_normal, found once where the weights are loaded),
-// so the tiles take each block's factor without the special cases; false is always correct.
-// The bits are the same either way. Runs on the calling thread.
+// Tokens: xh (bf16) when given, else x (f32). Runs on the calling thread.
 void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
-                      float* y, int64_t ldy, bool normal_scales);
+                      float* y, int64_t ldy, Mxfp4RowsOptions opt = {});
 
 // The same products with W in row-major codes [N, K/2] and scales [N, K/32] (any N, any row
 // range; K % 32 == 0), as a memory mapping or a shape off the 16-row groups holds them: each
 // call packs up to 128 rows at a time into the lane layout in a buffer of the calling thread
 // and runs mxfp4_lanes_rows's tiles over them, so every output has the bits mxfp4_lanes_rows
-// gives it (and the twin's).
+// gives it (and the twin's); round_bf16 as in Mxfp4RowsOptions.
 void mxfp4_lanes_rows_row_major(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                                 const uint8_t* scales, int64_t N, int64_t K, int64_t row0,
-                                int64_t rows, float* y, int64_t ldy);
+                                int64_t rows, float* y, int64_t ldy, bool round_bf16 = false);
 
 // Scalar twin: the same arithmetic in the same order, one output at a time.
 void mxfp4_lanes_ref(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,

@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/bf16_hwy-inl.h"
 #include "kernels/count_hwy-inl.h"
 #include "kernels/mxfp4_lanes.h"
 #include "util/cpu.h"
@@ -103,7 +104,7 @@ HWY_INLINE VU E8m0Bits(DU du, VU e) {
 template <int MR>
 HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RESTRICT codes,
                               const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y,
-                              int64_t ldy) {
+                              int64_t ldy, bool round) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint8_t, decltype(du)> d8;
@@ -147,7 +148,8 @@ HWY_NOINLINE void GenericTile(const Tokens& x, int64_t t, const uint8_t* HWY_RES
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int64_t v = 0; v < NV; ++v) hn::StoreU(acc[m][v], df, y + m * ldy + v * L);
+    for (int64_t v = 0; v < NV; ++v)
+      hn::StoreU(round ? CastT<bf16>(df, acc[m][v]) : acc[m][v], df, y + m * ldy + v * L);
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -234,10 +236,14 @@ HWY_INLINE void AddBlockSums(const uint8_t* scales, int64_t group_scales, int64_
   }
 }
 
+// The tile's outputs, each rounded to bf16 (round_bf16, kept in f32) when `round`.
 template <int MR, int NV>
-HWY_INLINE void StoreTile(const __m512 (&acc)[MR][NV], float* HWY_RESTRICT y, int64_t ldy) {
+HWY_INLINE void StoreTile(const __m512 (&acc)[MR][NV], float* HWY_RESTRICT y, int64_t ldy,
+                          bool round) {
   for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * kRows, acc[m][v]);
+    for (int v = 0; v < NV; ++v)
+      _mm512_storeu_ps(y + m * ldy + v * kRows,
+                       round ? CastT<bf16>(DF(), VF{acc[m][v]}).raw : acc[m][v]);
 }
 
 template <int MR, int NV>
@@ -260,7 +266,8 @@ constexpr int F32Groups() {
 // next-tile prefetch as DotTile when kPrefetch, and the same scales.
 template <int MR, int NV, bool kPrefetch, bool kNormalScales>
 HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t* HWY_RESTRICT codes,
-                          const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy) {
+                          const uint8_t* HWY_RESTRICT scales, float* HWY_RESTRICT y, int64_t ldy,
+                          bool round) {
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
@@ -297,7 +304,7 @@ HWY_NOINLINE void F32Tile(const float* HWY_RESTRICT x, int64_t K, const uint8_t*
     }
     AddBlockSums<MR, NV, kNormalScales>(scales, group_scales, b, s, acc);
   }
-  StoreTile(acc, y, ldy);
+  StoreTile(acc, y, ldy, round);
 }
 
 #define ATTNRES_BF16_DOT __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
@@ -322,12 +329,13 @@ ATTNRES_BF16_DOT HWY_INLINE __m512i Bf16E2m1Table() {
 // MR bf16 tokens x NV groups (codes and scales of the tile's first group; group_codes and
 // group_scales bytes apart). kPrefetch: the first tile over these groups, which streams them
 // from memory, prefetches the next NV groups' codes as it goes (PrefetchNextGroups).
-// kNormalScales: no scale byte of the groups is 0 or 255 (BlockScales).
+// kNormalScales: no scale byte of the groups is 0 or 255 (BlockScales). round: outputs rounded
+// to bf16 as they are stored (StoreTile).
 template <int MR, int NV, bool kPrefetch, bool kNormalScales>
 ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64_t K,
                                            const uint8_t* HWY_RESTRICT codes,
                                            const uint8_t* HWY_RESTRICT scales,
-                                           float* HWY_RESTRICT y, int64_t ldy) {
+                                           float* HWY_RESTRICT y, int64_t ldy, bool round) {
   const __m512i table = Bf16E2m1Table();
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize;
   const int64_t group_codes = pairs * kRows, group_scales = blocks * kRows;
@@ -364,7 +372,7 @@ ATTNRES_BF16_DOT HWY_NOINLINE void DotTile(const uint16_t* HWY_RESTRICT x, int64
     }
     AddBlockSums<MR, NV, kNormalScales>(scales, group_scales, b, s, acc);
   }
-  StoreTile(acc, y, ldy);
+  StoreTile(acc, y, ldy, round);
 }
 #undef ATTNRES_BF16_DOT
 #endif  // HWY_TARGET == HWY_AVX3
@@ -402,11 +410,12 @@ HWY_INLINE void WithFlags(bool a, bool b, const Fn& fn) {
 
 // Rows [row0, row0 + rows) (whole groups) for the MR tokens from t; y is token t's output of
 // row row0. `first`: this is the first token tile over the rows in this call; `normal`: no
-// scale byte of the rows is 0 or 255 (mxfp4_scales_normal).
+// scale byte of the rows is 0 or 255 (mxfp4_scales_normal); `round`: outputs rounded to bf16 as
+// they are stored.
 template <int MR>
 void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* scales,
                int64_t row0, int64_t rows, float* y, int64_t ldy, TilePath path, bool first,
-               bool normal) {
+               bool normal, bool round) {
   const int64_t K = x.K, g0 = row0 / kRows, g1 = (row0 + rows) / kRows;
 #if HWY_TARGET == HWY_AVX3
   if (path == TilePath::kDot) {
@@ -414,7 +423,7 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
         K, codes, scales, g0, g1, y, [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
           WithFlags(first, normal, [&](auto prefetch, auto normal_scales) {
             DotTile<MR, decltype(tag)::value, prefetch(), normal_scales()>(x.xh + t * K, K, c, s,
-                                                                           yt, ldy);
+                                                                           yt, ldy, round);
           });
         });
     return;
@@ -426,7 +435,7 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
           [&](auto tag, const uint8_t* c, const uint8_t* s, float* yt) {
             WithFlags(first, normal, [&](auto prefetch, auto normal_scales) {
               F32Tile<MR, decltype(tag)::value, prefetch(), normal_scales()>(x.xf + t * K, K, c, s,
-                                                                             yt, ldy);
+                                                                             yt, ldy, round);
             });
           });
       return;
@@ -438,15 +447,15 @@ void TokenTile(const Tokens& x, int64_t t, const uint8_t* codes, const uint8_t* 
   (void)normal;
   ForEachGroupRun<1>(K, codes, scales, g0, g1, y,
                      [&](auto, const uint8_t* c, const uint8_t* s, float* yt) {
-                       GenericTile<MR>(x, t, c, s, yt, ldy);
+                       GenericTile<MR>(x, t, c, s, yt, ldy, round);
                      });
 }
 
-// `normal`: no scale byte of the rows is 0 or 255 (mxfp4_lanes_rows); only the AVX3 tiles read
-// it.
+// `normal`: no scale byte of the rows is 0 or 255 (Mxfp4RowsOptions); only the AVX3 tiles read
+// it. `round`: outputs rounded to bf16 as the tiles store them.
 void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
                     const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
-                    int64_t ldy, bool normal) {
+                    int64_t ldy, bool normal, bool round) {
   TilePath path = TilePath::kGeneric;
 #if HWY_TARGET == HWY_AVX3
   if (xh != nullptr && cpu_info().avx512bf16) path = TilePath::kDot;
@@ -464,7 +473,7 @@ void Mxfp4LanesRows(const uint16_t* xh, const float* xf, int64_t T, const uint8_
     ForEachTokenTile(tn, most, [&](int64_t t, int64_t mr) {
       WithCount<kMaxDotTokens>(mr, [&](auto tag) {
         TokenTile<decltype(tag)::value>(x, t0 + t, codes, scales, row0, rows, y + (t0 + t) * ldy,
-                                        ldy, path, t == 0, normal);
+                                        ldy, path, t == 0, normal, round);
       });
     });
   }
@@ -594,7 +603,7 @@ void PackGroup(const uint8_t* codes, const uint8_t* scales, int64_t K, int64_t n
 // layout's are).
 void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, const uint8_t* codes,
                             const uint8_t* scales, int64_t K, int64_t row0, int64_t rows, float* y,
-                            int64_t ldy) {
+                            int64_t ldy, bool round) {
   constexpr int64_t kChunkRows = 128;
   const int64_t pairs = K / 2, blocks = K / kMxfp4BlockSize, end = row0 + rows;
   thread_local std::vector<uint8_t> packed;
@@ -613,10 +622,10 @@ void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, cons
     normal = NormalScales(ps, padded * blocks);
 #endif
     float* yc = y + (c0 - row0);
-    if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy, normal);
+    if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy, normal, round);
     if (padded > whole) {  // the ragged group: 16 outputs per token, n - whole of them kept
       ragged.resize(static_cast<size_t>(T * kRows));
-      Mxfp4LanesRows(xh, xf, T, pc, ps, K, whole, kRows, ragged.data(), kRows, normal);
+      Mxfp4LanesRows(xh, xf, T, pc, ps, K, whole, kRows, ragged.data(), kRows, normal, round);
       for (int64_t t = 0; t < T; ++t)
         std::memcpy(yc + t * ldy + whole, ragged.data() + t * kRows,
                     static_cast<size_t>(n - whole) * sizeof(float));
@@ -636,26 +645,26 @@ HWY_EXPORT(Mxfp4LanesRowsRowMajor);
 
 void mxfp4_lanes_rows(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                       const uint8_t* scales, int64_t N, int64_t K, int64_t row0, int64_t rows,
-                      float* y, int64_t ldy, bool normal_scales) {
+                      float* y, int64_t ldy, Mxfp4RowsOptions opt) {
   assert(mxfp4_lanes_fit(N, K) && row0 % kMxfp4LaneRows == 0 && rows % kMxfp4LaneRows == 0 &&
          row0 >= 0 && rows >= 0 && row0 + rows <= N);
-  assert(!normal_scales ||
+  assert(!opt.normal_scales ||
          mxfp4_scales_normal(scales + row0 * (K / kMxfp4BlockSize), rows * (K / kMxfp4BlockSize)));
   (void)N;
   if (T <= 0 || rows <= 0) return;
   HWY_DYNAMIC_DISPATCH(Mxfp4LanesRows)
   (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy,
-   normal_scales);
+   opt.normal_scales, opt.round_bf16);
 }
 
 void mxfp4_lanes_rows_row_major(const bf16* xh, const float* x, int64_t T, const uint8_t* codes,
                                 const uint8_t* scales, int64_t N, int64_t K, int64_t row0,
-                                int64_t rows, float* y, int64_t ldy) {
+                                int64_t rows, float* y, int64_t ldy, bool round_bf16) {
   assert(K % kMxfp4BlockSize == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= N);
   (void)N;
   if (T <= 0 || rows <= 0) return;
   HWY_DYNAMIC_DISPATCH(Mxfp4LanesRowsRowMajor)
-  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy);
+  (reinterpret_cast<const uint16_t*>(xh), x, T, codes, scales, K, row0, rows, y, ldy, round_bf16);
 }
 
 }  // namespace attnres

@@ -135,14 +135,19 @@ TEST(Mxfp4Lanes, KernelGivesTheTwinsBits) {
             std::vector<float> want(T * ldy, -1.0f);
             mxfp4_lanes_ref(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
                             row0, rows, want.data(), ldy);
-            for (const bool claim : {false, true}) {
-              if (claim && !normal) continue;
-              std::vector<float> got(T * ldy, -1.0f);
-              mxfp4_lanes_rows(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
-                               row0, rows, got.data(), ldy, claim);
-              expect_same(got, want,
-                          "row0 " + std::to_string(row0) + (claim ? " normal_scales" : ""));
-            }
+            std::vector<float> want_rounded(want);
+            for (float& w : want_rounded) w = round_bf16(w);  // the gaps' -1 stay -1
+            for (const bool claim : {false, true})
+              for (const bool round : {false, true}) {
+                if (claim && !normal) continue;
+                std::vector<float> got(T * ldy, -1.0f);
+                mxfp4_lanes_rows(xh, x.xf.data(), T, m.lane_codes.data(), m.lane_scales.data(), N,
+                                 K, row0, rows, got.data(), ldy,
+                                 {.normal_scales = claim, .round_bf16 = round});
+                expect_same(got, round ? want_rounded : want,
+                            "row0 " + std::to_string(row0) + (claim ? " normal_scales" : "") +
+                                (round ? " round_bf16" : ""));
+              }
           }
         }
       }
@@ -175,11 +180,11 @@ TEST(Mxfp4Lanes, ATokenAloneGetsTheBitsItGetsAmongOthers) {
   const TokenRows x(T, K, 5);
   std::vector<float> all(T * N);
   mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
-                   all.data(), N, m.normal);
+                   all.data(), N, {.normal_scales = m.normal});
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> one(N), among(all.begin() + t * N, all.begin() + (t + 1) * N);
     mxfp4_lanes_rows(x.xh.data() + t * K, nullptr, 1, m.lane_codes.data(), m.lane_scales.data(), N,
-                     K, 0, N, one.data(), N, m.normal);
+                     K, 0, N, one.data(), N, {.normal_scales = m.normal});
     expect_same(one, among, "token " + std::to_string(t));
   }
 }
@@ -220,19 +225,23 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
           for (const auto& [row0, end] :
                {std::pair<int64_t, int64_t>{0, N}, {3, N}, {16, N}, {0, N - 1}, {130, N}}) {
             if (row0 >= end || end > N) continue;
-            std::vector<float> got(T * ldy, -1.0f);
-            mxfp4_lanes_rows_row_major(xh, x.xf.data(), T, codes.data(), scales.data(), N, K, row0,
-                                       end - row0, got.data(), ldy);
-            std::vector<float> got_rows, want_rows;
-            for (int64_t t = 0; t < T; ++t)
-              for (int64_t n = row0; n < end; ++n) {
-                got_rows.push_back(got[t * ldy + n - row0]);
-                want_rows.push_back(want[t * padded + n]);
-              }
-            expect_same(got_rows, want_rows,
-                        "rows " + std::to_string(row0) + ".." + std::to_string(end));
-            for (int64_t t = 0; t < T; ++t)  // nothing written past the call's rows
-              for (int64_t n = end - row0; n < ldy; ++n) ASSERT_EQ(got[t * ldy + n], -1.0f);
+            for (const bool round : {false, true}) {
+              std::vector<float> got(T * ldy, -1.0f);
+              mxfp4_lanes_rows_row_major(xh, x.xf.data(), T, codes.data(), scales.data(), N, K,
+                                         row0, end - row0, got.data(), ldy, round);
+              std::vector<float> got_rows, want_rows;
+              for (int64_t t = 0; t < T; ++t)
+                for (int64_t n = row0; n < end; ++n) {
+                  got_rows.push_back(got[t * ldy + n - row0]);
+                  const float w = want[t * padded + n];
+                  want_rows.push_back(round ? round_bf16(w) : w);
+                }
+              expect_same(got_rows, want_rows,
+                          "rows " + std::to_string(row0) + ".." + std::to_string(end) +
+                              (round ? " round_bf16" : ""));
+              for (int64_t t = 0; t < T; ++t)  // nothing written past the call's rows
+                for (int64_t n = end - row0; n < ldy; ++n) ASSERT_EQ(got[t * ldy + n], -1.0f);
+            }
           }
         }
       }
@@ -243,7 +252,8 @@ TEST(Mxfp4Lanes, RowMajorCodesGiveTheLanesBits) {
 // MXFP4 jobs (matmul.h) over the same matrix in the lane layout (kMxfp4Lanes, as the loader
 // stores it) and row-major (kMxfp4, as a memory mapping holds it), with bf16 or f32 tokens, in
 // one batch with a slice of the rows and a matrix without scale bytes 0 and 255 whose job claims
-// so (normal_scales, as the loader's jobs do), at 1, 2 and 3 threads: all give the twin's bits,
+// so (normal_scales, as the loader's jobs do), at 1, 2 and 3 threads, unrounded and rounded to
+// bf16 (round_bf16, which these jobs' tiles do as they store): all give the twin's bits (rounded),
 // so where a model's experts reside never changes a logit, nor does the thread count.
 TEST(Mxfp4Lanes, JobsInEitherLayoutGiveTheTwinsBits) {
   const int saved = parallel_threads();
@@ -260,33 +270,40 @@ TEST(Mxfp4Lanes, JobsInEitherLayoutGiveTheTwinsBits) {
                       N, want.data(), N);
       mxfp4_lanes_ref(x.xh.data(), nullptr, T, plain.lane_codes.data(), plain.lane_scales.data(), N,
                       K, 0, N, want_plain.data(), N);
-      for (const int threads : {1, 2, 3}) {
-        set_parallel_threads(threads);
-        for (const bool bf16_tokens : {true, false}) {
-          std::vector<float> lanes(T * N, -1.0f), rows(T * N, -1.0f), part(T * 16, -1.0f),
-              normal(T * N, -1.0f);
-          MatmulJob jobs[] = {
-              mxfp4_job(x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
-                        lanes.data(), Layout::kMxfp4Lanes),
-              mxfp4_job(x.x.data(), T, m.codes.data(), m.scales.data(), N, K, rows.data()),
-              // rows [N - 16, N) of the row-major matrix: a job over a slice of rows
-              mxfp4_job(x.x.data(), T, m.codes.data() + (N - 16) * (K / 2),
-                        m.scales.data() + (N - 16) * (K / kMxfp4BlockSize), 16, K, part.data()),
-              mxfp4_job(x.x.data(), T, plain.lane_codes.data(), plain.lane_scales.data(), N, K,
-                        normal.data(), Layout::kMxfp4Lanes)};
-          jobs[3].normal_scales = true;
-          if (bf16_tokens)
-            for (MatmulJob& j : jobs) j.xh = x.xh.data();
-          matmul_batch(jobs, 4);
-          const std::string what =
-              std::to_string(threads) + " threads, " + (bf16_tokens ? "bf16" : "f32") + " tokens";
-          expect_same(lanes, want, "lanes, " + what);
-          expect_same(rows, want, "row-major, " + what);
-          std::vector<float> want_part;
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t n = N - 16; n < N; ++n) want_part.push_back(want[t * N + n]);
-          expect_same(part, want_part, "slice, " + what);
-          expect_same(normal, want_plain, "normal_scales, " + what);
+      for (const bool round : {false, true}) {
+        if (round)
+          for (std::vector<float>* w : {&want, &want_plain})
+            for (float& v : *w) v = round_bf16(v);
+        for (const int threads : {1, 2, 3}) {
+          set_parallel_threads(threads);
+          for (const bool bf16_tokens : {true, false}) {
+            std::vector<float> lanes(T * N, -1.0f), rows(T * N, -1.0f), part(T * 16, -1.0f),
+                normal(T * N, -1.0f);
+            MatmulJob jobs[] = {
+                mxfp4_job(x.x.data(), T, m.lane_codes.data(), m.lane_scales.data(), N, K,
+                          lanes.data(), Layout::kMxfp4Lanes),
+                mxfp4_job(x.x.data(), T, m.codes.data(), m.scales.data(), N, K, rows.data()),
+                // rows [N - 16, N) of the row-major matrix: a job over a slice of rows
+                mxfp4_job(x.x.data(), T, m.codes.data() + (N - 16) * (K / 2),
+                          m.scales.data() + (N - 16) * (K / kMxfp4BlockSize), 16, K, part.data()),
+                mxfp4_job(x.x.data(), T, plain.lane_codes.data(), plain.lane_scales.data(), N, K,
+                          normal.data(), Layout::kMxfp4Lanes)};
+            jobs[3].normal_scales = true;
+            for (MatmulJob& j : jobs) j.round_bf16 = round;
+            if (bf16_tokens)
+              for (MatmulJob& j : jobs) j.xh = x.xh.data();
+            matmul_batch(jobs, 4);
+            const std::string what = std::to_string(threads) + " threads, " +
+                                     (bf16_tokens ? "bf16" : "f32") + " tokens" +
+                                     (round ? ", round_bf16" : "");
+            expect_same(lanes, want, "lanes, " + what);
+            expect_same(rows, want, "row-major, " + what);
+            std::vector<float> want_part;
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t n = N - 16; n < N; ++n) want_part.push_back(want[t * N + n]);
+            expect_same(part, want_part, "slice, " + what);
+            expect_same(normal, want_plain, "normal_scales, " + what);
+          }
         }
       }
     }
@@ -300,7 +317,7 @@ TEST(Mxfp4Lanes, WithinTheRoundingBoundOfAnF64Evaluation) {
   const TokenRows x(T, K, 7);
   std::vector<float> y(T * N);
   mxfp4_lanes_rows(x.xh.data(), nullptr, T, m.lane_codes.data(), m.lane_scales.data(), N, K, 0, N,
-                   y.data(), N, m.normal);
+                   y.data(), N, {.normal_scales = m.normal});
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) {
       double exact = 0.0, magnitude = 0.0;
