@@ -5,6 +5,8 @@
 // columns a tile loads the group's V weight vectors (64 V contiguous bytes) and broadcasts each
 // token's pair once, then issues V x MR vdpbf16ps. Other targets, and f32 tokens, run the same
 // per-lane order in f32: a fused multiply-add of a pair's odd element, then of the even one.
+// Where a call asks (matmul_lanes_rows' round_bf16), every tile rounds its outputs to bf16 as it
+// stores them.
 //
 // Blocking: a thread takes a contiguous range of groups; tokens are walked in blocks of about
 // 512 KiB of bf16 rows (L2), each block applied to every group of the range before the next, so

@@ -12,7 +12,8 @@
 // shifted into f32 exponents). No horizontal sum, no table per scale, no copy of the tokens. f32
 // tokens on AVX3: tiles of 1-4 tokens x 6-2 groups in f32, the same order with fused
 // multiply-adds, a pair's even and odd weights two vpermps from a 16-entry table. Other targets
-// run the same order in f32 (generic tiles, which decode E2M1 arithmetically).
+// run the same order in f32 (generic tiles, which decode E2M1 arithmetically). Every tile rounds
+// its outputs to bf16 as it stores them where the call asks (Mxfp4RowsOptions::round_bf16).
 //
 // Blocking: tokens in blocks of about 512 KiB of token rows (L2); per block, each token tile walks
 // the call's groups front to back, and the first tile's reads are prefetched a tile of groups
