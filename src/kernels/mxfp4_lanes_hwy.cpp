@@ -166,20 +166,6 @@ HWY_INLINE __m512 BlockScales(const uint8_t* HWY_RESTRICT p) {
   return hn::BitCast(df, E8m0Bits(du, hn::VFromD<decltype(du)>{e})).raw;
 }
 
-// mxfp4_scales_normal(p, n) in vectors, for the row-major path's packed chunks: the bytes'
-// minimum and maximum, 64 at a time.
-HWY_INLINE bool NormalScales(const uint8_t* HWY_RESTRICT p, int64_t n) {
-  __m512i lo = _mm512_set1_epi8(1), hi = _mm512_setzero_si512();
-  for (int64_t i = 0; i < n; i += 64) {
-    const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
-    const __m512i v = _mm512_mask_loadu_epi8(_mm512_set1_epi8(1), m, p + i);
-    lo = _mm512_min_epu8(lo, v);
-    hi = _mm512_max_epu8(hi, v);
-  }
-  return _mm512_cmpeq_epi8_mask(lo, _mm512_setzero_si512()) == 0 &&
-         _mm512_cmpeq_epi8_mask(hi, _mm512_set1_epi8(-1)) == 0;
-}
-
 // The pieces DotTile and F32Tile share. A tile covers NV groups (the first group's codes and
 // scales; groups group_codes and group_scales bytes apart) and MR tokens.
 
@@ -618,9 +604,9 @@ void Mxfp4LanesRowsRowMajor(const uint16_t* xh, const float* xf, int64_t T, cons
     for (int64_t g = 0; g < padded; g += kRows)
       PackGroup(codes + (c0 + g) * pairs, scales + (c0 + g) * blocks, K, std::min(kRows, n - g),
                 pc + g * pairs, ps + g * blocks);
-    bool normal = false;
+    bool normal = false;  // only the AVX3 tiles read it
 #if HWY_TARGET == HWY_AVX3
-    normal = NormalScales(ps, padded * blocks);
+    normal = mxfp4_scales_normal(ps, padded * blocks);
 #endif
     float* yc = y + (c0 - row0);
     if (whole > 0) Mxfp4LanesRows(xh, xf, T, pc, ps, K, 0, whole, yc, ldy, normal, round);
